@@ -1,0 +1,56 @@
+package outboxkit
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"syscall"
+)
+
+// transportError marks an error as "the broker could not be reached": the message itself is not
+// at fault, so retrying it later is expected to succeed.
+type transportError struct{ err error }
+
+func (e *transportError) Error() string { return "broker unreachable: " + e.err.Error() }
+func (e *transportError) Unwrap() error { return e.err }
+
+// Transport wraps err to say that publishing failed because the broker could not be reached
+// (connection refused or lost, channel closed, confirm timed out), not because of the message.
+// The forwarder opens its circuit on such errors and does not count them against a message's
+// attempts, so a broker outage delays messages instead of dead-lettering them.
+//
+// Transport(nil) returns nil.
+func Transport(err error) error {
+	if err == nil {
+		return nil
+	}
+	if IsTransport(err) {
+		return err
+	}
+	return &transportError{err: err}
+}
+
+// IsTransport reports whether err means the broker could not be reached. It recognises errors
+// wrapped with Transport and the standard library's network failures: net.Error, refused or reset
+// connections, broken pipes, unexpected EOF and context deadlines (a confirm that never came).
+func IsTransport(err error) bool {
+	if err == nil {
+		return false
+	}
+	var te *transportError
+	if errors.As(err, &te) {
+		return true
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) {
+		return true
+	}
+	return errors.Is(err, context.DeadlineExceeded) ||
+		errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE)
+}

@@ -1,0 +1,169 @@
+package schema
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"fmt"
+	"io/fs"
+	"path"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Migration is one numbered step of the schema.
+type Migration struct {
+	Version int
+	Name    string
+	SQL     string // with {{schema}} placeholders
+}
+
+// Migrations returns every known migration in version order.
+func Migrations() []Migration {
+	entries, err := fs.ReadDir(migrationFiles, "migrations")
+	if err != nil {
+		panic(fmt.Sprintf("read embedded migrations: %v", err))
+	}
+	var out []Migration
+	for _, e := range entries {
+		base := strings.TrimSuffix(e.Name(), ".sql")
+		num, name, ok := strings.Cut(base, "_")
+		if !ok {
+			panic(fmt.Sprintf("migration file %q is not named NNNN_name.sql", e.Name()))
+		}
+		v, err := strconv.Atoi(num)
+		if err != nil {
+			panic(fmt.Sprintf("migration file %q is not named NNNN_name.sql", e.Name()))
+		}
+		body, err := migrationFiles.ReadFile(path.Join("migrations", e.Name()))
+		if err != nil {
+			panic(fmt.Sprintf("read migration %q: %v", e.Name(), err))
+		}
+		out = append(out, Migration{Version: v, Name: name, SQL: string(body)})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out
+}
+
+// MigrateResult says what Migrate did.
+type MigrateResult struct {
+	// Applied lists the versions this call applied, in order; empty when the schema was current.
+	Applied []int
+	// Version is the schema version after the call.
+	Version int
+}
+
+// Migrate brings the schema to the newest version. It is idempotent and safe to run from several
+// processes at once: every step runs in its own transaction that first takes a transaction-level
+// advisory lock for the schema, re-checks the version table, applies the step and records its
+// version row. A process that loses the race finds the version recorded and skips the step.
+func Migrate(ctx context.Context, db *sql.DB, name Name) (MigrateResult, error) {
+	var res MigrateResult
+	lockKey := "outboxkit.migrate." + string(name)
+
+	bootstrap := fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %[1]s;
+CREATE TABLE IF NOT EXISTS %[1]s.schema_migrations (
+    version    integer     PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)`, name.Ident())
+	if err := inLockedTx(ctx, db, lockKey, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, bootstrap)
+		return err
+	}); err != nil {
+		return res, fmt.Errorf("migrate schema %s: create version table: %w", name, err)
+	}
+
+	migrations := Migrations()
+	newest := migrations[len(migrations)-1].Version
+	for _, m := range migrations {
+		applied := false
+		err := inLockedTx(ctx, db, lockKey, func(tx *sql.Tx) error {
+			var present int
+			if err := tx.QueryRowContext(ctx,
+				fmt.Sprintf(`SELECT count(*) FROM %s.schema_migrations WHERE version = $1`, name.Ident()),
+				m.Version).Scan(&present); err != nil {
+				return err
+			}
+			if present > 0 {
+				return nil
+			}
+			if _, err := tx.ExecContext(ctx, name.Render(m.SQL)); err != nil {
+				return err
+			}
+			if _, err := tx.ExecContext(ctx,
+				fmt.Sprintf(`INSERT INTO %s.schema_migrations (version, name) VALUES ($1, $2)`, name.Ident()),
+				m.Version, m.Name); err != nil {
+				return err
+			}
+			applied = true
+			return nil
+		})
+		if err != nil {
+			return res, fmt.Errorf("migrate schema %s: apply %04d_%s: %w", name, m.Version, m.Name, err)
+		}
+		if applied {
+			res.Applied = append(res.Applied, m.Version)
+		}
+	}
+
+	if err := db.QueryRowContext(ctx,
+		fmt.Sprintf(`SELECT coalesce(max(version), 0) FROM %s.schema_migrations`, name.Ident()),
+	).Scan(&res.Version); err != nil {
+		return res, fmt.Errorf("migrate schema %s: read version: %w", name, err)
+	}
+	if res.Version > newest {
+		return res, fmt.Errorf("migrate schema %s: the database is at version %d but this build knows "+
+			"migrations up to %d: upgrade outboxkit before running it against this database",
+			name, res.Version, newest)
+	}
+	return res, nil
+}
+
+// CurrentVersion returns the schema's applied version, 0 when it was never migrated.
+func CurrentVersion(ctx context.Context, db *sql.DB, name Name) (int, error) {
+	var exists bool
+	if err := db.QueryRowContext(ctx,
+		`SELECT to_regclass($1) IS NOT NULL`, name.Ident()+".schema_migrations").Scan(&exists); err != nil {
+		return 0, fmt.Errorf("read schema %s version: %w", name, err)
+	}
+	if !exists {
+		return 0, nil
+	}
+	var v int
+	err := db.QueryRowContext(ctx,
+		fmt.Sprintf(`SELECT coalesce(max(version), 0) FROM %s.schema_migrations`, name.Ident())).Scan(&v)
+	if err != nil {
+		return 0, fmt.Errorf("read schema %s version: %w", name, err)
+	}
+	return v, nil
+}
+
+// Newest returns the highest migration version this build knows.
+func Newest() int {
+	m := Migrations()
+	return m[len(m)-1].Version
+}
+
+func inLockedTx(ctx context.Context, db *sql.DB, lockKey string, fn func(*sql.Tx) error) (err error) {
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err != nil {
+			_ = tx.Rollback()
+		}
+	}()
+	if _, err = tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, lockKey); err != nil {
+		return err
+	}
+	if err = fn(tx); err != nil {
+		return err
+	}
+	return tx.Commit()
+}

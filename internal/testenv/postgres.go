@@ -1,0 +1,95 @@
+package testenv
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/outboxkit/outboxkit/internal/schema"
+)
+
+// PG is a migrated outboxkit schema of its own for one test, on the shared server.
+type PG struct {
+	URL    string
+	Schema schema.Name
+	Pool   *pgxpool.Pool
+	DB     *sql.DB // database/sql over Pool
+}
+
+// NewPG creates a fresh schema, migrates it and drops it when the test ends, so tests can run in
+// parallel on one server.
+func NewPG(t testing.TB) *PG {
+	t.Helper()
+	pg := NewEmptyPG(t)
+	if _, err := schema.Migrate(context.Background(), pg.DB, pg.Schema); err != nil {
+		t.Fatalf("migrate %s: %v", pg.Schema, err)
+	}
+	return pg
+}
+
+// NewEmptyPG is NewPG without the migration: the schema name is reserved and dropped at the end,
+// but nothing is created.
+func NewEmptyPG(t testing.TB) *PG {
+	t.Helper()
+	url := PostgresURL(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		t.Fatalf("connect to %s: %v", url, err)
+	}
+	pg := &PG{URL: url, Schema: schema.MustParse(UniqueName(t, "t")), Pool: pool, DB: stdlib.OpenDBFromPool(pool)}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := pool.Exec(ctx, "DROP SCHEMA IF EXISTS "+pg.Schema.Ident()+" CASCADE"); err != nil {
+			t.Errorf("drop schema %s: %v", pg.Schema, err)
+		}
+		_ = pg.DB.Close()
+		pool.Close()
+	})
+	return pg
+}
+
+// Exec runs a statement (rendered for the test's schema) and fails the test on error.
+func (pg *PG) Exec(t testing.TB, sql string, args ...any) {
+	t.Helper()
+	if _, err := pg.Pool.Exec(context.Background(), pg.Schema.Render(sql), args...); err != nil {
+		t.Fatalf("exec %q: %v", sql, err)
+	}
+}
+
+// Int runs a query (rendered for the test's schema) that returns one integer.
+func (pg *PG) Int(t testing.TB, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := pg.Pool.QueryRow(context.Background(), pg.Schema.Render(sql), args...).Scan(&n); err != nil {
+		t.Fatalf("query %q: %v", sql, err)
+	}
+	return n
+}
+
+// UniqueName returns a lowercase identifier unique to this test run, for schemas, queues,
+// exchanges and topics.
+func UniqueName(t testing.TB, prefix string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(t.Name()) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		}
+		if b.Len() >= 20 {
+			break
+		}
+	}
+	return fmt.Sprintf("%s_%s_%x_%x_%d", prefix, b.String(), os.Getpid(), time.Now().UnixNano()&0xffffff,
+		nameSeq.Add(1))
+}
+
+var nameSeq atomic.Int64

@@ -1,0 +1,31 @@
+package testenv
+
+import (
+	"context"
+	"database/sql"
+	"time"
+
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+func probe(s *service, url string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	switch s {
+	case postgresService:
+		db, err := sql.Open("pgx", url)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		return db.PingContext(ctx)
+	case amqpService:
+		conn, err := amqp.Dial(url)
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	}
+	return nil
+}

@@ -1,0 +1,123 @@
+// Package testenv gives tests the real services they run against.
+//
+// Each service comes from an environment variable when it is set (CI sets them to the machine's
+// local services); otherwise from a container started with dockertest when a Docker engine
+// answers; otherwise the test is skipped with a message naming the variable. Under CI=true a
+// missing service fails the test instead: a skipped test must never pass for a green run.
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ory/dockertest/v3"
+	"github.com/ory/dockertest/v3/docker"
+)
+
+// Environment variables naming the services.
+const (
+	EnvPostgres = "OUTBOXKIT_TEST_POSTGRES_URL"
+	EnvAMQP     = "OUTBOXKIT_TEST_AMQP_URL"
+)
+
+type service struct {
+	env        string
+	example    string
+	repository string
+	tag        string
+	cmd        []string
+	envVars    []string
+	port       string
+	url        func(hostPort string) string
+
+	once sync.Once
+	got  string
+	err  error
+}
+
+var (
+	postgresService = &service{
+		env:        EnvPostgres,
+		example:    "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
+		repository: "postgres", tag: "16",
+		envVars: []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test"},
+		port:    "5432/tcp",
+		url: func(hp string) string {
+			return "postgres://postgres@" + hp + "/test?sslmode=disable"
+		},
+	}
+	amqpService = &service{
+		env:        EnvAMQP,
+		example:    "amqp://guest:guest@127.0.0.1:5672/",
+		repository: "rabbitmq", tag: "3.13",
+		port: "5672/tcp",
+		url:  func(hp string) string { return "amqp://guest:guest@" + hp + "/" },
+	}
+)
+
+// PostgresURL returns the URL of a Postgres server for the test.
+func PostgresURL(t testing.TB) string { return postgresService.get(t) }
+
+// AMQPURL returns the URL of a RabbitMQ server for the test.
+func AMQPURL(t testing.TB) string { return amqpService.get(t) }
+
+func (s *service) get(t testing.TB) string {
+	t.Helper()
+	if v := strings.TrimSpace(os.Getenv(s.env)); v != "" {
+		return v
+	}
+	s.once.Do(func() { s.got, s.err = s.startContainer() })
+	if s.err == nil {
+		return s.got
+	}
+	msg := fmt.Sprintf("%s is not set and no container could be started (%v): set %s=%s to run this test",
+		s.env, s.err, s.env, s.example)
+	if os.Getenv("CI") == "true" {
+		t.Fatal("CI=true: a missing service is a failure, not a skip: " + msg)
+	}
+	t.Skip(msg)
+	return ""
+}
+
+var (
+	dockerOnce sync.Once
+	dockerPool *dockertest.Pool
+	dockerErr  error
+)
+
+func (s *service) startContainer() (string, error) {
+	dockerOnce.Do(func() {
+		dockerPool, dockerErr = dockertest.NewPool("")
+		if dockerErr == nil {
+			dockerErr = dockerPool.Client.Ping()
+		}
+		if dockerErr != nil {
+			dockerErr = fmt.Errorf("no Docker engine answers: %w", dockerErr)
+		}
+	})
+	if dockerErr != nil {
+		return "", dockerErr
+	}
+	res, err := dockerPool.RunWithOptions(&dockertest.RunOptions{
+		Repository: s.repository, Tag: s.tag, Env: s.envVars, Cmd: s.cmd,
+	}, func(hc *docker.HostConfig) {
+		hc.AutoRemove = true
+		hc.RestartPolicy = docker.RestartPolicy{Name: "no"}
+	})
+	if err != nil {
+		return "", fmt.Errorf("start %s:%s: %w", s.repository, s.tag, err)
+	}
+	// The container outlives no test run by much: Docker removes it when it expires.
+	_ = res.Expire(uint(30 * time.Minute / time.Second))
+	url := s.url(res.GetHostPort(s.port))
+	dockerPool.MaxWait = 2 * time.Minute
+	if err := dockerPool.Retry(func() error { return probe(s, url) }); err != nil {
+		_ = dockerPool.Purge(res)
+		return "", fmt.Errorf("%s:%s did not become ready: %w", s.repository, s.tag, err)
+	}
+	return url, nil
+}

@@ -1,0 +1,52 @@
+package outboxkit
+
+import (
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Metadata keys that outboxkit reads and writes. They travel with the message through the outbox
+// row, the broker's headers and into every consumer.
+const (
+	// MetadataPartitionKey holds the aggregate id. Rows with the same key are published in the order
+	// they were written; brokers that partition (Kafka) use it as the message key.
+	MetadataPartitionKey = "outboxkit_partition_key"
+
+	// MetadataEventType names the event ("OrderPlaced"), so one topic can carry several types.
+	MetadataEventType = "outboxkit_event_type"
+
+	// MetadataCreatedAt is set by the forwarder to the time the outbox row was written
+	// (RFC 3339, nanoseconds). Consumers use it for commit-to-effect latency and to recognise a
+	// message older than their deduplication window.
+	MetadataCreatedAt = "outboxkit_created_at"
+
+	// MetadataSeq is set by the forwarder to the row's position in the outbox (decimal). It is
+	// informative: the per-key order is already the order of publication.
+	MetadataSeq = "outboxkit_seq"
+)
+
+// PartitionKey returns the message's partition key, or "" when it has none.
+func PartitionKey(msg *message.Message) string { return msg.Metadata.Get(MetadataPartitionKey) }
+
+// SetPartitionKey sets the aggregate id that orders and partitions the message.
+func SetPartitionKey(msg *message.Message, key string) { msg.Metadata.Set(MetadataPartitionKey, key) }
+
+// EventType returns the message's event type, or "" when it has none.
+func EventType(msg *message.Message) string { return msg.Metadata.Get(MetadataEventType) }
+
+// SetEventType records the event's type name in the message metadata.
+func SetEventType(msg *message.Message, eventType string) {
+	msg.Metadata.Set(MetadataEventType, eventType)
+}
+
+// CreatedAt returns the time the message's outbox row was written, as stamped by the forwarder.
+// ok is false when the message did not come through a forwarder or the stamp is malformed.
+func CreatedAt(msg *message.Message) (t time.Time, ok bool) {
+	raw := msg.Metadata.Get(MetadataCreatedAt)
+	if raw == "" {
+		return time.Time{}, false
+	}
+	t, err := time.Parse(time.RFC3339Nano, raw)
+	return t, err == nil
+}
