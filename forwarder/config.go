@@ -1,0 +1,247 @@
+package forwarder
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/internal/schema"
+)
+
+// Defaults for Config fields left at their zero value.
+const (
+	DefaultName           = "default"
+	DefaultBatchSize      = 500
+	DefaultMaxInFlight    = 64
+	DefaultPollInterval   = time.Second
+	DefaultMaxAttempts    = 10
+	DefaultPublishTimeout = 10 * time.Second
+	DefaultListenRetry    = 2 * time.Second
+)
+
+// DefaultBackoff spaces the attempts of a message that failed: 1s, 2s, 4s … capped at 5 minutes,
+// each ±20%.
+var DefaultBackoff = Backoff{Initial: time.Second, Max: 5 * time.Minute, Multiplier: 2, Jitter: 0.2}
+
+// DefaultCircuitBackoff spaces the probes of a broker that could not be reached: 1s, 2s, 4s …
+// capped at 30 seconds, each ±20%.
+var DefaultCircuitBackoff = Backoff{Initial: time.Second, Max: 30 * time.Second, Multiplier: 2, Jitter: 0.2}
+
+// DefaultRetention deletes published rows a day after publication, checking every minute, at most
+// 1,000 rows per statement.
+var DefaultRetention = Retention{Age: 24 * time.Hour, Interval: time.Minute, BatchSize: 1000}
+
+// Config configures a Forwarder. Zero-valued fields take the documented defaults; New rejects
+// values that cannot work and names the field.
+type Config struct {
+	// Pool reads and marks the outbox. Required. Unless PollOnly is set, the forwarder also opens
+	// one connection of its own with Pool's connection settings, for LISTEN.
+	Pool *pgxpool.Pool
+
+	// Publisher receives the messages: any Watermill publisher, typically one from backends.
+	// Required. It is called from up to MaxInFlight goroutines at once, one message per call.
+	Publisher message.Publisher
+
+	// Schema is the Postgres schema holding the outbox table. Default "outboxkit".
+	Schema string
+
+	// Name identifies this forwarder in logs and metrics labels. Default "default".
+	Name string
+
+	// BatchSize is the most rows one pass claims. Default 500.
+	BatchSize int
+
+	// MaxInFlight is the most partition keys published concurrently within a pass. Rows of one key
+	// are always published one after another, in order. Default 64.
+	MaxInFlight int
+
+	// PollInterval is the time between passes when no NOTIFY arrives: the safety net under NOTIFY,
+	// or the only trigger with PollOnly. Each wait is jittered by ±10%. Default 1s.
+	PollInterval time.Duration
+
+	// PollOnly disables LISTEN/NOTIFY wake-ups, for connections through PgBouncer in transaction
+	// mode or other proxies that do not carry notifications. Default false.
+	PollOnly bool
+
+	// MaxAttempts is how many message-specific failures a row may have before it is dead-lettered.
+	// Transport failures (broker unreachable) never count. Default 10.
+	MaxAttempts int
+
+	// Backoff spaces the attempts of a row after a message-specific failure. Default DefaultBackoff.
+	Backoff Backoff
+
+	// CircuitBackoff spaces the probes while the broker cannot be reached. Default
+	// DefaultCircuitBackoff.
+	CircuitBackoff Backoff
+
+	// PublishTimeout bounds the publishing phase of one pass, confirms included, and so how long
+	// claimed rows stay locked. A publish still waiting when it ends is a transport failure.
+	// Default 10s.
+	PublishTimeout time.Duration
+
+	// ParkKeyOnDeadLetter keeps later rows of a key waiting while an earlier row of that key is
+	// dead-lettered, until an operator replays it: strict per-key order at the price of a stalled
+	// key. Default false: a dead-lettered row no longer holds its key back.
+	ParkKeyOnDeadLetter bool
+
+	// TopicMapping maps an outbox topic to the broker topic. Default: the same name.
+	TopicMapping func(topic string) string
+
+	// IsTransportError decides whether a publish error means "broker unreachable" (open the circuit,
+	// do not count the attempt) rather than "this message failed". Default outboxkit.IsTransport.
+	IsTransportError func(error) bool
+
+	// Retention deletes published rows. Default DefaultRetention.
+	Retention Retention
+
+	// ListenRetry is the wait before the LISTEN connection is opened again after it failed.
+	// Default 2s.
+	ListenRetry time.Duration
+
+	// Now is the clock for backoff, retention and ages. Default time.Now.
+	Now func() time.Time
+
+	// Logger receives the forwarder's logs. Default: none.
+	Logger watermill.LoggerAdapter
+
+	// Registerer receives the forwarder's Prometheus metrics. Default: no metrics are registered.
+	Registerer prometheus.Registerer
+}
+
+// Backoff is an exponential backoff: attempt n waits Initial·Multiplierⁿ⁻¹, capped at Max, then
+// moved by a random factor within ±Jitter.
+type Backoff struct {
+	Initial    time.Duration
+	Max        time.Duration
+	Multiplier float64
+	Jitter     float64 // 0 ≤ Jitter < 1
+}
+
+// Retention says what happens to published rows.
+type Retention struct {
+	// Age after which published rows are deleted. Default 24h.
+	Age time.Duration
+	// Interval between retention runs while Run is running. Default 1m.
+	Interval time.Duration
+	// BatchSize bounds the rows one DELETE statement removes, so retention never holds long locks.
+	// Default 1000.
+	BatchSize int
+	// DeleteOnPublish deletes rows in the pass that publishes them instead of marking them; nothing
+	// is kept for inspection. Default false.
+	DeleteOnPublish bool
+	// Keep disables retention: published rows stay until something else removes them.
+	// Default false.
+	Keep bool
+}
+
+func (c Config) withDefaults() Config {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = DefaultMaxInFlight
+	}
+	if c.PollInterval == 0 {
+		c.PollInterval = DefaultPollInterval
+	}
+	if c.MaxAttempts == 0 {
+		c.MaxAttempts = DefaultMaxAttempts
+	}
+	if c.Backoff == (Backoff{}) {
+		c.Backoff = DefaultBackoff
+	}
+	if c.CircuitBackoff == (Backoff{}) {
+		c.CircuitBackoff = DefaultCircuitBackoff
+	}
+	if c.PublishTimeout == 0 {
+		c.PublishTimeout = DefaultPublishTimeout
+	}
+	if c.TopicMapping == nil {
+		c.TopicMapping = func(topic string) string { return topic }
+	}
+	if c.IsTransportError == nil {
+		c.IsTransportError = outboxkit.IsTransport
+	}
+	if c.Retention.Age == 0 {
+		c.Retention.Age = DefaultRetention.Age
+	}
+	if c.Retention.Interval == 0 {
+		c.Retention.Interval = DefaultRetention.Interval
+	}
+	if c.Retention.BatchSize == 0 {
+		c.Retention.BatchSize = DefaultRetention.BatchSize
+	}
+	if c.ListenRetry == 0 {
+		c.ListenRetry = DefaultListenRetry
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.Pool == nil {
+		errs = append(errs, errors.New("Pool is required: pass the *pgxpool.Pool of the database holding the outbox"))
+	}
+	if c.Publisher == nil {
+		errs = append(errs, errors.New("Publisher is required: pass the broker publisher (see package backends)"))
+	}
+	if _, err := schema.Parse(c.Schema); err != nil {
+		errs = append(errs, fmt.Errorf("Schema: %w", err))
+	}
+	positive := func(field string, v int) {
+		if v < 1 {
+			errs = append(errs, fmt.Errorf("%s must be at least 1, got %d", field, v))
+		}
+	}
+	positive("BatchSize", c.BatchSize)
+	positive("MaxInFlight", c.MaxInFlight)
+	positive("MaxAttempts", c.MaxAttempts)
+	positive("Retention.BatchSize", c.Retention.BatchSize)
+	positiveDur := func(field string, v time.Duration) {
+		if v <= 0 {
+			errs = append(errs, fmt.Errorf("%s must be positive, got %s", field, v))
+		}
+	}
+	positiveDur("PollInterval", c.PollInterval)
+	positiveDur("PublishTimeout", c.PublishTimeout)
+	positiveDur("ListenRetry", c.ListenRetry)
+	positiveDur("Retention.Age", c.Retention.Age)
+	positiveDur("Retention.Interval", c.Retention.Interval)
+	errs = append(errs, c.Backoff.validate("Backoff"), c.CircuitBackoff.validate("CircuitBackoff"))
+	if c.Retention.Keep && c.Retention.DeleteOnPublish {
+		errs = append(errs, errors.New("Retention.Keep and Retention.DeleteOnPublish contradict each other: choose one"))
+	}
+	return errors.Join(errs...)
+}
+
+func (b Backoff) validate(field string) error {
+	var errs []error
+	if b.Initial <= 0 {
+		errs = append(errs, fmt.Errorf("%s.Initial must be positive, got %s", field, b.Initial))
+	}
+	if b.Max < b.Initial {
+		errs = append(errs, fmt.Errorf("%s.Max (%s) must be at least Initial (%s)", field, b.Max, b.Initial))
+	}
+	if b.Multiplier < 1 {
+		errs = append(errs, fmt.Errorf("%s.Multiplier must be at least 1, got %g (1 keeps the delay constant)", field, b.Multiplier))
+	}
+	if b.Jitter < 0 || b.Jitter >= 1 {
+		errs = append(errs, fmt.Errorf("%s.Jitter must be in [0, 1), got %g", field, b.Jitter))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,154 @@
+package forwarder
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxkit/outboxkit"
+)
+
+// outcome is what the publishing phase of a pass did to its claimed rows.
+type outcome struct {
+	published []publishedRow
+	failed    []failedRow
+	released  int   // claimed rows not attempted
+	transport error // the first transport failure, which stopped the pass
+}
+
+type publishedRow struct {
+	seq       int64
+	createdAt time.Time
+	attempts  int // failures before this success
+}
+
+type failedRow struct {
+	seq      int64
+	attempts int // failures before this one
+	err      error
+}
+
+// publishGroups publishes each group's rows in order, up to inFlight groups at a time. A group stops
+// at its first failure (later rows of the key must not overtake it); every group stops starting new
+// rows after a transport failure or when ctx ends.
+func (f *Forwarder) publishGroups(ctx context.Context, groups [][]row, inFlight int) outcome {
+	var (
+		mu   sync.Mutex
+		out  outcome
+		wg   sync.WaitGroup
+		sem  = make(chan struct{}, inFlight)
+		stop = make(chan struct{})
+		once sync.Once
+	)
+	halt := func() { once.Do(func() { close(stop) }) }
+	stopped := func() bool {
+		select {
+		case <-stop:
+			return true
+		case <-ctx.Done():
+			return true
+		default:
+			return false
+		}
+	}
+
+	for gi, group := range groups {
+		select {
+		case sem <- struct{}{}:
+		case <-stop:
+		case <-ctx.Done():
+		}
+		if stopped() {
+			mu.Lock()
+			for _, g := range groups[gi:] {
+				out.released += len(g)
+			}
+			mu.Unlock()
+			// sem may hold a slot taken in the same select round; it is never read again.
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			for i, r := range group {
+				if stopped() {
+					mu.Lock()
+					out.released += len(group) - i
+					mu.Unlock()
+					return
+				}
+				err := f.publishRow(ctx, r)
+				mu.Lock()
+				switch {
+				case err == nil:
+					out.published = append(out.published, publishedRow{seq: r.seq, createdAt: r.createdAt, attempts: r.attempts})
+					f.metrics.observePublished(f.cfg.Now().Sub(r.createdAt), r.attempts+1)
+				case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
+					// Shutting down: the row was not necessarily refused; leave it for the next relay.
+					out.released += len(group) - i
+				case f.cfg.IsTransportError(err) || errors.Is(ctx.Err(), context.DeadlineExceeded):
+					if out.transport == nil {
+						out.transport = err
+					}
+					out.released += len(group) - i
+					f.metrics.failures.WithLabelValues("transport").Inc()
+					halt()
+				default:
+					out.failed = append(out.failed, failedRow{seq: r.seq, attempts: r.attempts, err: err})
+					out.released += len(group) - i - 1
+					f.metrics.failures.WithLabelValues("message").Inc()
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return out
+}
+
+// publishRow sends one outbox row. A panic in the publisher is turned into a message failure so
+// that one bad message cannot take the relay down.
+func (f *Forwarder) publishRow(ctx context.Context, r row) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("publisher panicked: %v", p)
+		}
+	}()
+	msg, topic, err := f.toMessage(r)
+	if err != nil {
+		return err
+	}
+	msg.SetContext(ctx)
+	if f.hooks.beforePublish != nil {
+		if err := f.hooks.beforePublish(r.seq); err != nil {
+			return err
+		}
+	}
+	return f.cfg.Publisher.Publish(topic, msg)
+}
+
+func (f *Forwarder) toMessage(r row) (*message.Message, string, error) {
+	md := message.Metadata{}
+	if err := json.Unmarshal([]byte(r.metadata), &md); err != nil {
+		return nil, "", fmt.Errorf("outbox row %d: metadata is not a JSON object of strings: %w", r.seq, err)
+	}
+	md.Set(outboxkit.MetadataCreatedAt, r.createdAt.UTC().Format(time.RFC3339Nano))
+	md.Set(outboxkit.MetadataSeq, strconv.FormatInt(r.seq, 10))
+	msg := message.NewMessage(r.uuid, r.payload)
+	msg.Metadata = md
+	topic := f.cfg.TopicMapping(r.topic)
+	if topic == "" {
+		return nil, "", fmt.Errorf("outbox row %d: TopicMapping mapped topic %q to an empty topic", r.seq, r.topic)
+	}
+	return msg, topic, nil
+}
