@@ -480,8 +480,8 @@ func TestDeleteOnPublish(t *testing.T) {
 func TestStats(t *testing.T) {
 	t.Parallel()
 	pg := testenv.NewPG(t)
-	clk := newClock()
 	write(t, pg, []string{"a", "b"}, 2)
+	clk := newClock()
 	clk.Advance(90 * time.Second)
 	pub := newFakePublisher()
 	pub.setFail(func(m *message.Message, _ int) error {
