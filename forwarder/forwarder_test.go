@@ -366,6 +366,48 @@ func TestDispatch_ParkKeyOnDeadLetter(t *testing.T) {
 	}
 }
 
+// A replayed row regains its place at the head of its key; a later row of that key that is
+// backing off still holds back everything behind it.
+func TestDispatch_ReplayedHeadWaitsForNothingButBackingOffRowsStillBlock(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewPG(t)
+	msgs := write(t, pg, []string{"k"}, 3)
+	clk := newClock()
+	pub := newFakePublisher()
+	failing := map[string]bool{msgs[0].UUID: true}
+	var mu sync.Mutex
+	pub.setFail(func(m *message.Message, _ int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if failing[m.UUID] {
+			return errBroken
+		}
+		return nil
+	})
+	f := newForwarder(t, pg, pub, clk, func(c *forwarder.Config) { c.MaxAttempts = 1 })
+	dispatch(t, f) // row 1 dead-lettered at once
+	mu.Lock()
+	failing = map[string]bool{msgs[1].UUID: true}
+	mu.Unlock()
+	f2 := newForwarder(t, pg, pub, clk, func(c *forwarder.Config) { c.MaxAttempts = 5 })
+	dispatch(t, f2) // row 2 fails once: backing off for a second
+	if _, err := f2.ReplayDeadLetters(context.Background(), forwarder.DeadLetterFilter{Seqs: []int64{1}}); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	failing = map[string]bool{}
+	mu.Unlock()
+
+	res := dispatch(t, f2)
+	got := pub.accepted()
+	if res.Published != 1 || len(got) != 1 || got[0].uuid != msgs[0].UUID {
+		t.Fatalf("pass = %+v, accepted %v; want only the replayed row 1 (row 2 backs off, row 3 waits for it)", res, got)
+	}
+	clk.Advance(time.Minute)
+	drain(t, f2, clk)
+	assertPerKeyOrder(t, pub.accepted())
+}
+
 func TestDispatch_BrokerOutageOpensCircuitWithoutBurningAttempts(t *testing.T) {
 	t.Parallel()
 	pg := testenv.NewPG(t)
@@ -501,7 +543,7 @@ func TestStats(t *testing.T) {
 	dispatch(t, f) // a's head dead-lettered, b published
 	clk.Advance(time.Minute)
 	s, _ = f.Stats(context.Background())
-	if s.Pending != 1 || s.DeadLettered != 1 || s.OldestDeadLettered != time.Minute {
+	if s.Pending != 1 || s.DeadLettered != 1 || s.OldestDeadLettered.Round(time.Millisecond) != time.Minute {
 		t.Fatalf("stats after = %+v; want 1 pending (a's second row), 1 dead letter a minute old", s)
 	}
 }
