@@ -2,6 +2,7 @@ package forwarder
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 
@@ -124,7 +125,11 @@ func (f *Forwarder) listen(ctx context.Context, wake chan<- struct{}) {
 			if cfg.RuntimeParams == nil {
 				cfg.RuntimeParams = map[string]string{}
 			}
-			cfg.RuntimeParams["application_name"] = "outboxkit-forwarder-listen"
+			// Named after the pool's connections so operators can tell whose it is.
+			cfg.RuntimeParams["application_name"] = strings.TrimPrefix(cfg.RuntimeParams["application_name"]+"-listen", "-")
+			if cfg.RuntimeParams["application_name"] == "listen" {
+				cfg.RuntimeParams["application_name"] = "outboxkit-forwarder-listen"
+			}
 			return pgx.ConnectConfig(ctx, cfg)
 		},
 		LogError: func(ctx context.Context, err error) {
