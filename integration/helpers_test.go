@@ -1,0 +1,141 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/pipeline"
+)
+
+// writeEvents commits perKey events for each key on topic, in key order, 500 per transaction.
+func writeEvents(t testing.TB, pg *testenv.PG, topic string, keys []string, perKey int) []*message.Message {
+	t.Helper()
+	ctx := context.Background()
+	var all []*message.Message
+	for i := 0; i < perKey; i++ {
+		for _, k := range keys {
+			all = append(all, pipeline.NewEvent("Happened", k, []byte(fmt.Sprintf(`{"key":%q,"n":%d}`, k, i))))
+		}
+	}
+	for start := 0; start < len(all); start += 500 {
+		end := min(start+500, len(all))
+		tx, err := pg.Pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: string(pg.Schema)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pub.Publish(topic, all[start:end]...); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return all
+}
+
+func keys(n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("key-%03d", i)
+	}
+	return out
+}
+
+func amqpPublisher(t testing.TB, url string) *backends.AMQPPublisher {
+	t.Helper()
+	pub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: url})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = pub.Close() })
+	return pub
+}
+
+func newRelay(t testing.TB, pg *testenv.PG, pub message.Publisher, tune ...func(*forwarder.Config)) *forwarder.Forwarder {
+	t.Helper()
+	cfg := forwarder.Config{
+		Pool:           pg.Pool,
+		Publisher:      pub,
+		Schema:         string(pg.Schema),
+		PollInterval:   100 * time.Millisecond,
+		CircuitBackoff: forwarder.Backoff{Initial: 100 * time.Millisecond, Max: time.Second, Multiplier: 2},
+		Backoff:        forwarder.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2},
+	}
+	for _, fn := range tune {
+		fn(&cfg)
+	}
+	f, err := forwarder.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// run starts f.Run until the test ends and waits until it is listening.
+func run(t testing.TB, f *forwarder.Forwarder) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("Run did not stop within 10s of cancel")
+		}
+	})
+	select {
+	case <-f.Running():
+	case <-time.After(10 * time.Second):
+		t.Fatal("relay did not start within 10s")
+	}
+}
+
+// assertPerKeyOrder checks that each key's messages first arrived in increasing outbox seq order.
+// A duplicate of a message already seen (after a crash, say) is not an inversion.
+func assertPerKeyOrder(t testing.TB, got []testenv.Delivery) {
+	t.Helper()
+	last := map[string]int64{}
+	seen := map[string]bool{}
+	for _, d := range got {
+		if seen[d.UUID] {
+			continue
+		}
+		seen[d.UUID] = true
+		key := d.Headers[outboxkit.MetadataPartitionKey]
+		seq, err := strconv.ParseInt(d.Headers[outboxkit.MetadataSeq], 10, 64)
+		if err != nil {
+			t.Fatalf("delivery %s has no seq header", d.UUID)
+		}
+		if seq < last[key] {
+			t.Fatalf("key %s: seq %d arrived after seq %d", key, seq, last[key])
+		}
+		last[key] = seq
+	}
+}
+
+// countByUUID counts deliveries per message UUID.
+func countByUUID(got []testenv.Delivery) map[string]int {
+	out := map[string]int{}
+	for _, d := range got {
+		out[d.UUID]++
+	}
+	return out
+}
