@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends"
@@ -138,4 +139,66 @@ func countByUUID(got []testenv.Delivery) map[string]int {
 		out[d.UUID]++
 	}
 	return out
+}
+
+// faultyPublisher wraps a publisher to provoke faults around each publish.
+type faultyPublisher struct {
+	inner  message.Publisher
+	before func(msg *message.Message) error // an error here is returned instead of publishing
+	after  func(msg *message.Message)       // runs after a successful publish
+}
+
+func (p *faultyPublisher) Publish(topic string, msgs ...*message.Message) error {
+	for _, m := range msgs {
+		if p.before != nil {
+			if err := p.before(m); err != nil {
+				return err
+			}
+		}
+		if err := p.inner.Publish(topic, m); err != nil {
+			return err
+		}
+		if p.after != nil {
+			p.after(m)
+		}
+	}
+	return nil
+}
+
+func (p *faultyPublisher) Close() error { return nil }
+
+// metricValue sums the samples of a metric family in reg whose labels include want.
+func metricValue(t testing.TB, reg *prometheus.Registry, name string, want map[string]string) float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	total := 0.0
+	for _, mf := range families {
+		if mf.GetName() != name {
+			continue
+		}
+	metrics:
+		for _, m := range mf.GetMetric() {
+			for k, v := range want {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == k && lp.GetValue() == v {
+						found = true
+					}
+				}
+				if !found {
+					continue metrics
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				total += m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				total += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return total
 }
