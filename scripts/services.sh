@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Make sure the local services the tests and the demo need are up; start any that is down.
+# Usage: scripts/services.sh [postgres] [rabbitmq] [nats] [redis]   (default: postgres rabbitmq)
+set -euo pipefail
+
+services=("$@")
+[ ${#services[@]} -gt 0 ] || services=(postgres rabbitmq)
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_port() { # name port seconds
+  local i
+  for ((i = 0; i < $3 * 5; i++)); do
+    port_open "$2" && return 0
+    sleep 0.2
+  done
+  echo "services: $1 did not come up on 127.0.0.1:$2 within $3s" >&2
+  return 1
+}
+
+ensure() { # name port start-command...
+  local name=$1 port=$2
+  shift 2
+  if port_open "$port"; then
+    return 0
+  fi
+  echo "services: $name is down on 127.0.0.1:$port, starting it" >&2
+  if ! "$@" >/dev/null 2>&1; then
+    echo "services: could not start $name with: $*" >&2
+    return 1
+  fi
+  wait_port "$name" "$port" 90
+}
+
+for s in "${services[@]}"; do
+  case "$s" in
+    postgres)
+      ensure postgres 5432 bash -c 'pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start'
+      for _ in $(seq 1 150); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.2; done
+      pg_isready -q -h 127.0.0.1 -p 5432 || { echo "services: postgres accepts no connections" >&2; exit 1; }
+      ;;
+    rabbitmq)
+      ensure rabbitmq 5672 rabbitmq-server -detached
+      ;;
+    nats)
+      ensure nats 4222 start-stop-daemon --start --oknodo --background --exec /usr/sbin/nats-server -- \
+        -a 127.0.0.1 -p 4222 -js -sd /var/lib/nats-server -l /var/log/nats-server.log
+      ;;
+    redis)
+      ensure redis 6379 redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
+      ;;
+    *)
+      echo "services: unknown service $s (known: postgres rabbitmq nats redis)" >&2
+      exit 2
+      ;;
+  esac
+done
