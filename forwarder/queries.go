@@ -11,7 +11,7 @@ var sqlFiles embed.FS
 
 // queries holds the forwarder's SQL, rendered once for the configured schema.
 type queries struct {
-	claim, fetch, markPublished, deletePublished, markFailed, prunePublished, replay, stats string
+	claim, markPublished, deletePublished, markFailed, prunePublished, replay, stats string
 }
 
 func loadQueries(name schema.Name) queries {
@@ -24,7 +24,6 @@ func loadQueries(name schema.Name) queries {
 	}
 	return queries{
 		claim:           read("claim.sql"),
-		fetch:           read("fetch.sql"),
 		markPublished:   read("mark_published.sql"),
 		deletePublished: read("delete_published.sql"),
 		markFailed:      read("mark_failed.sql"),

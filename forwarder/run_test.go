@@ -132,13 +132,26 @@ func relayWithNamedPool(t *testing.T, pg *testenv.PG, listenRetry time.Duration)
 
 func kill(t *testing.T, pg *testenv.PG, applicationName string) {
 	t.Helper()
-	if n := pg.Int(t, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`,
-		applicationName); n == 0 {
+	pids := pg.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, applicationName)
+	if pids == 0 {
 		t.Fatalf("no session named %s to kill", applicationName)
 	}
-	// pg_terminate_backend only signals; wait until the sessions are really gone.
+	var killed []int32
+	rows, err := pg.Pool.Query(context.Background(),
+		`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND pg_terminate_backend(pid)`, applicationName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var pid int32
+		_ = rows.Scan(&pid)
+		killed = append(killed, pid)
+	}
+	rows.Close()
+	// pg_terminate_backend only signals; wait until those sessions are really gone (the relay may
+	// already have opened new ones under the same name).
 	testenv.Eventually(t, 10*time.Second, "killed sessions to exit", func() bool {
-		return pg.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, applicationName) == 0
+		return pg.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = ANY($1)`, killed) == 0
 	})
 }
 
