@@ -598,3 +598,44 @@ func TestBackoffDelay(t *testing.T) {
 		t.Fatal("jitter produced a constant delay")
 	}
 }
+
+// A key whose head must wait and whose backlog is longer than the claim window must not starve
+// the keys written after it: the window skips the stuck key instead of filling up with it.
+func TestDispatch_StuckKeyWithLongBacklogDoesNotStarveOthers(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []string{"backing off", "parked behind a dead letter"} {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			pg := testenv.NewPG(t)
+			write(t, pg, []string{"stuck"}, 100) // oldest rows: all of one key
+			write(t, pg, []string{"a", "b", "c"}, 10)
+			pub := newFakePublisher()
+			pub.setFail(func(m *message.Message, _ int) error {
+				if outboxkit.PartitionKey(m) == "stuck" {
+					return errBroken
+				}
+				return nil
+			})
+			f := newForwarder(t, pg, pub, newClock(), func(c *forwarder.Config) {
+				c.BatchSize = 20
+				if mode != "backing off" {
+					c.MaxAttempts = 1
+					c.ParkKeyOnDeadLetter = true
+				}
+			})
+			if res := dispatch(t, f); res.Failed != 1 {
+				t.Fatalf("first pass = %+v, want the stuck head to fail", res)
+			}
+			// The clock does not move: the stuck key is still waiting in the second pass.
+			res := dispatch(t, f)
+			if res.Published != 20 {
+				t.Fatalf("second pass = %+v; want 20 rows of the other keys published past the stuck key", res)
+			}
+			for _, s := range pub.accepted() {
+				if s.key == "stuck" {
+					t.Fatal("a row of the stuck key was published")
+				}
+			}
+		})
+	}
+}
