@@ -639,3 +639,31 @@ func TestDispatch_StuckKeyWithLongBacklogDoesNotStarveOthers(t *testing.T) {
 		})
 	}
 }
+
+// Another relay holding a row in the middle of a key's run leaves a hole in this relay's window:
+// the rows after the hole must wait, the rows before it may go.
+func TestDispatch_RowLockedElsewhereHoldsBackTheRestOfItsKey(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewPG(t)
+	msgs := write(t, pg, []string{"k"}, 4) // seqs 1..4
+	write(t, pg, []string{"other"}, 2)
+	ctx := context.Background()
+	other, err := pg.Pool.Begin(ctx) // "another relay"
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = other.Rollback(ctx) }()
+	if _, err := other.Exec(ctx, pg.Schema.Render(`SELECT 1 FROM {{schema}}.outbox WHERE seq = 2 FOR UPDATE`)); err != nil {
+		t.Fatal(err)
+	}
+
+	pub := newFakePublisher()
+	res := dispatch(t, newForwarder(t, pg, pub, newClock()))
+	got := map[string]bool{}
+	for _, s := range pub.accepted() {
+		got[s.uuid] = true
+	}
+	if !got[msgs[0].UUID] || got[msgs[2].UUID] || got[msgs[3].UUID] || res.Published != 3 {
+		t.Fatalf("pass = %+v; want row 1 of k and both rows of other published, rows 3 and 4 of k held back behind the locked row 2", res)
+	}
+}

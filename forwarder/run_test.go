@@ -138,13 +138,15 @@ func kill(t *testing.T, pg *testenv.PG, applicationName string) {
 	}
 	var killed []int32
 	rows, err := pg.Pool.Query(context.Background(),
-		`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND pg_terminate_backend(pid)`, applicationName)
+		// The call sits in the select list so it runs only for rows the WHERE clause kept.
+		`SELECT pid, pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1`, applicationName)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for rows.Next() {
 		var pid int32
-		_ = rows.Scan(&pid)
+		var signalled bool
+		_ = rows.Scan(&pid, &signalled)
 		killed = append(killed, pid)
 	}
 	rows.Close()

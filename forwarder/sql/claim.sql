@@ -3,10 +3,10 @@
 -- The window is the oldest $2 due rows that nobody else has locked (SKIP LOCKED), so concurrent
 -- relays take disjoint windows. A key's rows from its first row that must wait (one backing off,
 -- or, when parking, a dead letter) are left out of it, so that a stuck key cannot fill the window
--- and starve the others. Then a key is kept only if its first row in the window is the key's first unpublished
--- row: otherwise an earlier row is still waiting elsewhere (locked by another relay, or published
--- by a pass not yet committed) and the whole key waits for a later pass. Rows without a key are
--- always kept.
+-- and starve the others. Then, per key, only the window rows before the key's first unpublished
+-- row outside the window are kept: SKIP LOCKED leaves holes, and a row must never overtake an
+-- earlier row of its key that someone else holds or that must wait. Rows without a key are always
+-- kept.
 --
 -- $1 now, $2 window size, $3 park keys behind dead-lettered rows.
 WITH blocked AS (
@@ -30,7 +30,7 @@ WITH blocked AS (
     GROUP BY partition_key
 ),
 win AS (
-    SELECT o.seq, o.uuid, o.topic, o.partition_key, o.payload, o.metadata, o.created_at, o.attempts
+    SELECT o.seq, o.partition_key
     FROM {{schema}}.outbox AS o
     WHERE o.published_at IS NULL
       AND o.dead_lettered_at IS NULL
@@ -43,26 +43,35 @@ win AS (
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 ),
-firsts AS (
-    SELECT partition_key, min(seq) AS seq
+per_key AS (
+    SELECT partition_key, array_agg(seq) AS seqs
     FROM win
     WHERE partition_key IS NOT NULL
     GROUP BY partition_key
 ),
-behind AS (
-    SELECT f.partition_key
-    FROM firsts AS f
-    WHERE EXISTS (
-        SELECT 1
+kept AS (
+    SELECT seq FROM win WHERE partition_key IS NULL
+    UNION ALL
+    -- Per key, the first unpublished row that is not in this window: a row locked by another relay,
+    -- one that must wait, or one published by a pass not yet committed. The key's window rows from
+    -- there on would overtake it, so they are dropped. The key index is walked in its own order so
+    -- that it is the plan whatever the statistics say (a fresh burst of rows has none).
+    SELECT s.seq
+    FROM per_key AS k
+    LEFT JOIN LATERAL (
+        SELECT e.seq AS gap
         FROM {{schema}}.outbox AS e
-        WHERE e.partition_key = f.partition_key
-          AND e.seq < f.seq
+        WHERE e.partition_key = k.partition_key
           AND e.published_at IS NULL
           AND (e.dead_lettered_at IS NULL OR $3)
-    )
+          AND e.seq <> ALL (k.seqs)
+        ORDER BY e.partition_key, e.seq
+        LIMIT 1
+    ) AS g ON true
+    CROSS JOIN LATERAL unnest(k.seqs) AS s(seq)
+    WHERE g.gap IS NULL OR s.seq < g.gap
 )
-SELECT w.seq, w.uuid, w.topic, w.partition_key, w.payload, w.metadata::text, w.created_at, w.attempts
-FROM win AS w
-WHERE w.partition_key IS NULL
-   OR NOT EXISTS (SELECT 1 FROM behind WHERE behind.partition_key = w.partition_key)
-ORDER BY w.seq
+SELECT o.seq, o.uuid, o.topic, o.partition_key, o.payload, o.metadata::text, o.created_at, o.attempts
+FROM {{schema}}.outbox AS o
+WHERE o.seq = ANY (ARRAY(SELECT seq FROM kept))
+ORDER BY o.seq
