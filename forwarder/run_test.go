@@ -132,10 +132,9 @@ func relayWithNamedPool(t *testing.T, pg *testenv.PG, listenRetry time.Duration)
 
 func kill(t *testing.T, pg *testenv.PG, applicationName string) {
 	t.Helper()
-	pids := pg.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, applicationName)
-	if pids == 0 {
-		t.Fatalf("no session named %s to kill", applicationName)
-	}
+	testenv.Eventually(t, 10*time.Second, "a session named "+applicationName+" to kill", func() bool {
+		return pg.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, applicationName) > 0
+	})
 	var killed []int32
 	rows, err := pg.Pool.Query(context.Background(),
 		// The call sits in the select list so it runs only for rows the WHERE clause kept.

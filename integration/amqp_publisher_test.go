@@ -3,6 +3,7 @@ package integration
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -138,5 +139,55 @@ func deleteExchange(t testing.TB, url, name string) {
 	ch, err := conn.Channel()
 	if err == nil {
 		_ = ch.ExchangeDelete(name, false, false)
+	}
+}
+
+// On a shared channel a channel exception nacks everything in flight, and the broker does not say
+// which message it refused. A message alone on the channel is blamed; in a crowd nobody is, and no
+// innocent message ever gets a message error (which would count an attempt against it).
+func TestAMQPPublisher_ChannelExceptionBlamesOnlyAKnownCulprit(t *testing.T) {
+	t.Parallel()
+	url := testenv.AMQPURL(t)
+	good := testenv.UniqueName(t, "good")
+	gone := testenv.UniqueName(t, "gone")
+	testenv.BindQueue(t, url, good)
+	pub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: url, Channels: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pub.Close()
+	// Declare the doomed exchange through the publisher, then delete it behind its back: a publish
+	// to it is refused with 404 and the broker closes the shared channel.
+	if err := pub.Publish(gone, pipeline.NewEvent("E", "k", nil)); !errors.Is(err, backends.ErrUnroutable) {
+		t.Fatalf("setup publish: %v", err)
+	}
+	deleteExchange(t, url, gone)
+
+	if err := pub.Publish(gone, pipeline.NewEvent("E", "k", nil)); err == nil || outboxkit.IsTransport(err) {
+		t.Fatalf("alone on the channel, the refused message got %v; want a message error", err)
+	}
+	for round := 0; round < 5; round++ {
+		var wg sync.WaitGroup
+		errs := make([]error, 40)
+		for i := range errs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				topic := good
+				if i == 20 {
+					topic = gone
+				}
+				errs[i] = pub.Publish(topic, pipeline.NewEvent("E", "k", nil))
+			}()
+		}
+		wg.Wait()
+		if errs[20] == nil {
+			t.Fatalf("round %d: the publish to the deleted exchange succeeded", round)
+		}
+		for i, err := range errs {
+			if i != 20 && err != nil && !outboxkit.IsTransport(err) {
+				t.Fatalf("round %d: innocent message %d got a message error: %v", round, i, err)
+			}
+		}
 	}
 }

@@ -1,0 +1,369 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"runtime/pprof"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill"
+	wforwarder "github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/pipeline"
+)
+
+// Stock Watermill's knobs, tuned for draining rather than left at their defaults: a 10 ms poll
+// (default 1 s) and batches of 1,000 rows (default 100). Its forwarder handles one message at a
+// time by design (the SQL subscriber waits for each ack), so no other knob changes its rate.
+const (
+	stockPollInterval = 10 * time.Millisecond
+	stockBatchSize    = 1000
+)
+
+func benchDrain(ctx context.Context, c config) ([]series, error) {
+	pool, err := pgxpool.New(ctx, c.dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	defer pool.Close()
+	if err := pool.Ping(ctx); err != nil {
+		return nil, fmt.Errorf("cannot reach Postgres at %s: %w", c.dbURL, err)
+	}
+	fmt.Printf("\ndrain: %d preloaded events over %d keys → RabbitMQ with publisher confirms, %d reps\n", c.events, c.keys, c.reps)
+	fmt.Printf("  stock Watermill: watermill-sql v4 subscriber (poll %s, batch %d) + components/forwarder → watermill-amqp (confirms)\n",
+		stockPollInterval, stockBatchSize)
+
+	raw := series{Name: "raw amqp091, pipelined confirms", Unit: "msg/s"}
+	ours := series{Name: "outboxkit forwarder", Unit: "msg/s"}
+	stock := series{Name: "stock Watermill forwarder", Unit: "msg/s"}
+	var profile *os.File
+	if c.cpuProfile != "" {
+		if profile, err = os.Create(c.cpuProfile); err != nil {
+			return nil, err
+		}
+		defer profile.Close()
+	}
+	for rep := 1; rep <= c.reps; rep++ {
+		r, err := drainRaw(ctx, c, rep)
+		if err != nil {
+			return nil, fmt.Errorf("raw drain: %w", err)
+		}
+		raw.add(r)
+		if profile != nil && rep == 1 {
+			if err := pprof.StartCPUProfile(profile); err != nil {
+				return nil, err
+			}
+		}
+		o, err := drainOutboxkit(ctx, c, pool, rep)
+		if profile != nil && rep == 1 {
+			pprof.StopCPUProfile()
+		}
+		if err != nil {
+			return nil, fmt.Errorf("outboxkit drain: %w", err)
+		}
+		ours.add(o)
+		s, err := drainStock(ctx, c, pool, rep)
+		if err != nil {
+			return nil, fmt.Errorf("stock drain: %w", err)
+		}
+		stock.add(s)
+		fmt.Printf("  round %d: raw %.0f, outboxkit %.0f, stock %.0f msg/s\n", rep, r, o, s)
+	}
+	vsStock := ratio("outboxkit / stock", ours, stock)
+	vsRaw := ratio("outboxkit / raw broker", ours, raw)
+	fmt.Print(table("drain rate", []series{raw, ours, stock}))
+	fmt.Print(table("ratios, paired by round", []series{vsStock, vsRaw}))
+	return []series{raw, ours, stock, vsStock, vsRaw}, nil
+}
+
+// counter consumes a fresh queue bound to topic's exchange and reports when n messages arrived.
+type counter struct {
+	conn     *amqp.Connection
+	queue    string
+	topic    string
+	n        int
+	got      atomic.Int64
+	done     chan struct{}
+	orderErr atomic.Value
+}
+
+func newCounter(url, topic string, n int) (*counter, error) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach RabbitMQ: %w", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	c := &counter{conn: conn, queue: topic + "_bench", topic: topic, n: n, done: make(chan struct{})}
+	if err := ch.ExchangeDeclare(topic, "fanout", true, false, false, false, nil); err != nil {
+		return nil, err
+	}
+	if _, err := ch.QueueDeclare(c.queue, true, false, false, false, nil); err != nil {
+		return nil, err
+	}
+	if err := ch.QueueBind(c.queue, "", topic, false, nil); err != nil {
+		return nil, err
+	}
+	if err := ch.Qos(1000, 0, false); err != nil {
+		return nil, err
+	}
+	deliveries, err := ch.Consume(c.queue, "", true, false, false, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		last := map[string]int64{}
+		for d := range deliveries {
+			if seq, err := strconv.ParseInt(fmt.Sprint(d.Headers[outboxkit.MetadataSeq]), 10, 64); err == nil {
+				key := fmt.Sprint(d.Headers[outboxkit.MetadataPartitionKey])
+				if seq < last[key] {
+					c.orderErr.Store(fmt.Errorf("key %s: seq %d after %d", key, seq, last[key]))
+				}
+				last[key] = seq
+			}
+			if c.got.Add(1) == int64(n) {
+				close(c.done)
+			}
+		}
+	}()
+	return c, nil
+}
+
+func (c *counter) wait(ctx context.Context, within time.Duration) error {
+	select {
+	case <-c.done:
+		if err, _ := c.orderErr.Load().(error); err != nil {
+			return fmt.Errorf("per-key order broken: %w", err)
+		}
+		return nil
+	case <-time.After(within):
+		return fmt.Errorf("only %d of %d messages arrived within %s", c.got.Load(), c.n, within)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (c *counter) close() {
+	if ch, err := c.conn.Channel(); err == nil {
+		_, _ = ch.QueueDelete(c.queue, false, false, false)
+		_ = ch.ExchangeDelete(c.topic, false, false)
+	}
+	_ = c.conn.Close()
+}
+
+func payload(i, keys int) ([]byte, string) {
+	key := fmt.Sprintf("order-%04d", i%keys)
+	return []byte(fmt.Sprintf(`{"order_id":%q,"n":%d,"customer":"customer-%d","total_cents":%d}`, key, i, i%97, i*7)), key
+}
+
+// drainRaw publishes the events straight to the broker: persistent, confirmed, many in flight.
+func drainRaw(ctx context.Context, c config, rep int) (float64, error) {
+	topic := fmt.Sprintf("bench.raw.%d.%d", rep, time.Now().UnixNano())
+	cnt, err := newCounter(c.brokerURL, topic, c.events)
+	if err != nil {
+		return 0, err
+	}
+	defer cnt.close()
+	conn, err := amqp.Dial(c.brokerURL)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return 0, err
+	}
+	const window = 512
+	start := time.Now()
+	pending := make([]*amqp.DeferredConfirmation, 0, window)
+	for i := 0; i < c.events; i++ {
+		body, _ := payload(i, c.keys)
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, topic, "", false, false,
+			amqp.Publishing{Body: body, DeliveryMode: amqp.Persistent, MessageId: strconv.Itoa(i)})
+		if err != nil {
+			return 0, err
+		}
+		pending = append(pending, dc)
+		if len(pending) == window {
+			for _, p := range pending {
+				if !p.Wait() {
+					return 0, errors.New("broker nacked a message")
+				}
+			}
+			pending = pending[:0]
+		}
+	}
+	for _, p := range pending {
+		if !p.Wait() {
+			return 0, errors.New("broker nacked a message")
+		}
+	}
+	if err := cnt.wait(ctx, 5*time.Minute); err != nil {
+		return 0, err
+	}
+	return rate(c.events, time.Since(start)), nil
+}
+
+// drainOutboxkit preloads the outbox, then times a forwarder draining it.
+func drainOutboxkit(ctx context.Context, c config, pool *pgxpool.Pool, rep int) (float64, error) {
+	schema := fmt.Sprintf("bench_outboxkit_%d_%d", rep, time.Now().UnixNano()%1e9)
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if _, err := pipeline.Migrate(ctx, db, schema); err != nil {
+		return 0, err
+	}
+	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	topic := "bench.outboxkit." + schema
+	if err := preloadOutboxkit(ctx, pool, schema, topic, c); err != nil {
+		return 0, err
+	}
+	cnt, err := newCounter(c.brokerURL, topic, c.events)
+	if err != nil {
+		return 0, err
+	}
+	defer cnt.close()
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	relays := make([]*forwarder.Forwarder, max(1, c.relays))
+	for i := range relays {
+		pub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: c.brokerURL})
+		if err != nil {
+			return 0, err
+		}
+		defer pub.Close()
+		relays[i], err = forwarder.New(forwarder.Config{Pool: pool, Schema: schema, Publisher: pub, Name: fmt.Sprint("bench-", i),
+			BatchSize: c.batch, MaxInFlight: c.inFlight, Retention: forwarder.Retention{Keep: true}})
+		if err != nil {
+			return 0, err
+		}
+	}
+	start := time.Now()
+	for _, relay := range relays {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = relay.Run(runCtx) }()
+	}
+	err = cnt.wait(ctx, 5*time.Minute)
+	elapsed := time.Since(start)
+	cancel()
+	wg.Wait()
+	if err != nil {
+		return 0, err
+	}
+	return rate(c.events, elapsed), nil
+}
+
+func preloadOutboxkit(ctx context.Context, pool *pgxpool.Pool, schema, topic string, c config) error {
+	for start := 0; start < c.events; start += 1000 {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: schema, DisableNotify: true})
+		if err != nil {
+			return err
+		}
+		var msgs []*message.Message
+		for i := start; i < min(start+1000, c.events); i++ {
+			body, key := payload(i, c.keys)
+			msgs = append(msgs, pipeline.NewEvent("OrderPlaced", key, body))
+		}
+		if err := pub.Publish(topic, msgs...); err != nil {
+			_ = tx.Rollback(ctx)
+			return err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// drainStock preloads a watermill-sql topic through Watermill's forwarder publisher (the envelope
+// its forwarder expects), then times Watermill's forwarder draining it to watermill-amqp.
+func drainStock(ctx context.Context, c config, pool *pgxpool.Pool, rep int) (float64, error) {
+	suffix := fmt.Sprintf("%d_%d", rep, time.Now().UnixNano()%1e9)
+	fwdTopic := "bench_stock_" + suffix
+	topic := "bench.stock." + suffix
+	logger := watermill.NopLogger{}
+	beginner := wsql.BeginnerFromPgx(pool)
+	schemaAdapter := wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: stockBatchSize}
+	defer pool.Exec(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS "watermill_%s", "watermill_offsets_%s"`, fwdTopic, fwdTopic)) //nolint:errcheck
+
+	sqlPub, err := wsql.NewPublisher(beginner, wsql.PublisherConfig{SchemaAdapter: schemaAdapter, AutoInitializeSchema: true}, logger)
+	if err != nil {
+		return 0, err
+	}
+	envelopes := wforwarder.NewPublisher(sqlPub, wforwarder.PublisherConfig{ForwarderTopic: fwdTopic})
+	for start := 0; start < c.events; start += 1000 {
+		var msgs []*message.Message
+		for i := start; i < min(start+1000, c.events); i++ {
+			body, key := payload(i, c.keys)
+			msgs = append(msgs, pipeline.NewEvent("OrderPlaced", key, body))
+		}
+		if err := envelopes.Publish(topic, msgs...); err != nil {
+			return 0, err
+		}
+	}
+
+	cnt, err := newCounter(c.brokerURL, topic, c.events)
+	if err != nil {
+		return 0, err
+	}
+	defer cnt.close()
+	amqpCfg := wamqp.NewDurablePubSubConfig(c.brokerURL, nil)
+	amqpCfg.Publish.ConfirmDelivery = true
+	amqpCfg.Publish.ChannelPoolSize = 1
+	amqpPub, err := wamqp.NewPublisher(amqpCfg, logger)
+	if err != nil {
+		return 0, err
+	}
+	defer amqpPub.Close()
+	sub, err := wsql.NewSubscriber(beginner, wsql.SubscriberConfig{
+		ConsumerGroup:    "bench",
+		PollInterval:     stockPollInterval,
+		SchemaAdapter:    schemaAdapter,
+		OffsetsAdapter:   wsql.DefaultPostgreSQLOffsetsAdapter{},
+		InitializeSchema: true,
+	}, logger)
+	if err != nil {
+		return 0, err
+	}
+	fwd, err := wforwarder.NewForwarder(sub, amqpPub, logger, wforwarder.Config{ForwarderTopic: fwdTopic})
+	if err != nil {
+		return 0, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	start := time.Now()
+	go func() { defer wg.Done(); _ = fwd.Run(runCtx) }()
+	err = cnt.wait(ctx, 10*time.Minute)
+	elapsed := time.Since(start)
+	cancel()
+	_ = fwd.Close()
+	wg.Wait()
+	if err != nil {
+		return 0, err
+	}
+	return rate(c.events, elapsed), nil
+}

@@ -1,0 +1,91 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// series holds the repetitions of one measured figure.
+type series struct {
+	Name   string    `json:"name"`
+	Unit   string    `json:"unit"`
+	Values []float64 `json:"values"`
+}
+
+func (s *series) add(v float64) { s.Values = append(s.Values, v) }
+
+func (s series) median() float64 {
+	if len(s.Values) == 0 {
+		return 0
+	}
+	v := slices.Clone(s.Values)
+	slices.Sort(v)
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
+
+func (s series) spread() (lo, hi float64) {
+	if len(s.Values) == 0 {
+		return 0, 0
+	}
+	return slices.Min(s.Values), slices.Max(s.Values)
+}
+
+// ratio pairs two series repetition by repetition (measured in the same round) and returns the
+// per-round ratios a/b.
+func ratio(name string, a, b series) series {
+	r := series{Name: name, Unit: "×"}
+	for i := range min(len(a.Values), len(b.Values)) {
+		if b.Values[i] > 0 {
+			r.add(a.Values[i] / b.Values[i])
+		}
+	}
+	return r
+}
+
+func rate(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
+
+func human(v float64, unit string) string {
+	switch unit {
+	case "msg/s", "tx/s":
+		if v >= 10000 {
+			return fmt.Sprintf("%.1fk", v/1000)
+		}
+		return fmt.Sprintf("%.0f", v)
+	case "×":
+		return fmt.Sprintf("%.2f×", v)
+	case "ms":
+		return fmt.Sprintf("%.2f ms", v)
+	case "%":
+		return fmt.Sprintf("%.1f%%", v)
+	}
+	return fmt.Sprintf("%.3g", v)
+}
+
+// table renders rows of series as "name | median | min–max | n".
+func table(title string, rows []series) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%s\n", title)
+	width := 10
+	for _, r := range rows {
+		width = max(width, len(r.Name))
+	}
+	fmt.Fprintf(&b, "  %-*s  %12s  %22s  %s\n", width, "", "median", "min – max", "reps")
+	for _, r := range rows {
+		lo, hi := r.spread()
+		fmt.Fprintf(&b, "  %-*s  %12s  %22s  %d\n", width, r.Name, human(r.median(), r.Unit)+" "+unitSuffix(r.Unit),
+			human(lo, r.Unit)+" – "+human(hi, r.Unit), len(r.Values))
+	}
+	return b.String()
+}
+
+func unitSuffix(unit string) string {
+	if unit == "×" || unit == "%" || unit == "ms" {
+		return ""
+	}
+	return unit
+}
