@@ -54,8 +54,7 @@ kept AS (
     UNION ALL
     -- Per key, the first unpublished row that is not in this window: a row locked by another relay,
     -- one that must wait, or one published by a pass not yet committed. The key's window rows from
-    -- there on would overtake it, so they are dropped. The key index is walked in its own order so
-    -- that it is the plan whatever the statistics say (a fresh burst of rows has none).
+    -- there on would overtake it, so they are dropped.
     SELECT s.seq
     FROM per_key AS k
     LEFT JOIN LATERAL (
@@ -63,7 +62,10 @@ kept AS (
         FROM {{schema}}.outbox AS e
         WHERE e.partition_key = k.partition_key
           AND e.published_at IS NULL
-          AND (e.dead_lettered_at IS NULL OR $3)
+          -- (SELECT $3) is evaluated at run time: were $3 folded into the plan, "dead_lettered_at
+          -- IS NULL" would make the pending index usable here, and with no statistics the planner
+          -- may walk all pending rows once per key.
+          AND (e.dead_lettered_at IS NULL OR (SELECT $3::bool))
           AND e.seq <> ALL (k.seqs)
         ORDER BY e.partition_key, e.seq
         LIMIT 1
