@@ -195,10 +195,10 @@ func (c Config) withDefaults() Config {
 func (c Config) validate() error {
 	var errs []error
 	if c.Pool == nil {
-		errs = append(errs, errors.New("Pool is required: pass the *pgxpool.Pool of the database holding the outbox"))
+		errs = append(errs, errors.New("field Pool is required: pass the *pgxpool.Pool of the database holding the outbox"))
 	}
 	if c.Publisher == nil {
-		errs = append(errs, errors.New("Publisher is required: pass the broker publisher (see package backends)"))
+		errs = append(errs, errors.New("field Publisher is required: pass the broker publisher (see package backends)"))
 	}
 	if _, err := schema.Parse(c.Schema); err != nil {
 		errs = append(errs, fmt.Errorf("Schema: %w", err))
@@ -224,7 +224,7 @@ func (c Config) validate() error {
 	positiveDur("Retention.Interval", c.Retention.Interval)
 	errs = append(errs, c.Backoff.validate("Backoff"), c.CircuitBackoff.validate("CircuitBackoff"))
 	if c.Retention.Keep && c.Retention.DeleteOnPublish {
-		errs = append(errs, errors.New("Retention.Keep and Retention.DeleteOnPublish contradict each other: choose one"))
+		errs = append(errs, errors.New("fields Retention.Keep and Retention.DeleteOnPublish contradict each other: choose one"))
 	}
 	return errors.Join(errs...)
 }
