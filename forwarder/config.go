@@ -201,7 +201,7 @@ func (c Config) validate() error {
 		errs = append(errs, errors.New("field Publisher is required: pass the broker publisher (see package backends)"))
 	}
 	if _, err := schema.Parse(c.Schema); err != nil {
-		errs = append(errs, fmt.Errorf("Schema: %w", err))
+		errs = append(errs, fmt.Errorf("field Schema: %w", err))
 	}
 	positive := func(field string, v int) {
 		if v < 1 {
