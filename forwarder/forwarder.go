@@ -46,8 +46,7 @@ type Forwarder struct {
 
 // hooks let tests provoke faults at exact points of a pass. They are nil in production.
 type hooks struct {
-	beforePublish func(seq int64) error // an error here is the publisher's error
-	afterPublish  func() error          // an error here aborts the pass before marking
+	afterPublish func() error // an error here aborts the pass before marking, as a crash would
 }
 
 // Result says what one pass did.

@@ -129,11 +129,6 @@ func (f *Forwarder) publishRow(ctx context.Context, r row) (err error) {
 		return err
 	}
 	msg.SetContext(ctx)
-	if f.hooks.beforePublish != nil {
-		if err := f.hooks.beforePublish(r.seq); err != nil {
-			return err
-		}
-	}
 	return f.cfg.Publisher.Publish(topic, msg)
 }
 
