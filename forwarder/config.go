@@ -114,15 +114,6 @@ type Config struct {
 	Registerer prometheus.Registerer
 }
 
-// Backoff is an exponential backoff: attempt n waits Initial·Multiplierⁿ⁻¹, capped at Max, then
-// moved by a random factor within ±Jitter.
-type Backoff struct {
-	Initial    time.Duration
-	Max        time.Duration
-	Multiplier float64
-	Jitter     float64 // 0 ≤ Jitter < 1
-}
-
 // Retention says what happens to published rows.
 type Retention struct {
 	// Age after which published rows are deleted. Default 24h.
@@ -222,26 +213,9 @@ func (c Config) validate() error {
 	positiveDur("ListenRetry", c.ListenRetry)
 	positiveDur("Retention.Age", c.Retention.Age)
 	positiveDur("Retention.Interval", c.Retention.Interval)
-	errs = append(errs, c.Backoff.validate("Backoff"), c.CircuitBackoff.validate("CircuitBackoff"))
+	errs = append(errs, c.Backoff.Validate("Backoff"), c.CircuitBackoff.Validate("CircuitBackoff"))
 	if c.Retention.Keep && c.Retention.DeleteOnPublish {
 		errs = append(errs, errors.New("fields Retention.Keep and Retention.DeleteOnPublish contradict each other: choose one"))
-	}
-	return errors.Join(errs...)
-}
-
-func (b Backoff) validate(field string) error {
-	var errs []error
-	if b.Initial <= 0 {
-		errs = append(errs, fmt.Errorf("%s.Initial must be positive, got %s", field, b.Initial))
-	}
-	if b.Max < b.Initial {
-		errs = append(errs, fmt.Errorf("%s.Max (%s) must be at least Initial (%s)", field, b.Max, b.Initial))
-	}
-	if b.Multiplier < 1 {
-		errs = append(errs, fmt.Errorf("%s.Multiplier must be at least 1, got %g (1 keeps the delay constant)", field, b.Multiplier))
-	}
-	if b.Jitter < 0 || b.Jitter >= 1 {
-		errs = append(errs, fmt.Errorf("%s.Jitter must be in [0, 1), got %g", field, b.Jitter))
 	}
 	return errors.Join(errs...)
 }

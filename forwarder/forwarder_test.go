@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -573,31 +572,6 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
-func TestBackoffDelay(t *testing.T) {
-	b := forwarder.Backoff{Initial: time.Second, Max: 10 * time.Second, Multiplier: 2}
-	want := []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second, 10 * time.Second, 10 * time.Second}
-	for i, w := range want {
-		if got := b.Delay(i + 1); got != w {
-			t.Errorf("Delay(%d) = %s, want %s", i+1, got, w)
-		}
-	}
-	if got := b.Delay(10000); got != 10*time.Second {
-		t.Errorf("Delay(10000) = %s, want the cap", got)
-	}
-	b.Jitter = 0.2
-	var seen []time.Duration
-	for i := 0; i < 200; i++ {
-		d := b.Delay(3)
-		if d < 3200*time.Millisecond || d > 4800*time.Millisecond {
-			t.Fatalf("jittered Delay(3) = %s, outside 4s ±20%%", d)
-		}
-		seen = append(seen, d)
-	}
-	slices.Sort(seen)
-	if seen[0] == seen[len(seen)-1] {
-		t.Fatal("jitter produced a constant delay")
-	}
-}
 
 // A key whose head must wait and whose backlog is longer than the claim window must not starve
 // the keys written after it: the window skips the stuck key instead of filling up with it.
