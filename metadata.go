@@ -1,6 +1,7 @@
 package outboxkit
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -21,6 +22,10 @@ const (
 	// message older than their deduplication window.
 	MetadataCreatedAt = "outboxkit_created_at"
 
+	// MetadataVersion holds the aggregate's version after the change the event records (1, 2, 3…
+	// per partition key). Optional; the consumer's order guard uses it.
+	MetadataVersion = "outboxkit_version"
+
 	// MetadataSeq is set by the forwarder to the row's position in the outbox (decimal). It is
 	// informative: the per-key order is already the order of publication.
 	MetadataSeq = "outboxkit_seq"
@@ -38,6 +43,18 @@ func EventType(msg *message.Message) string { return msg.Metadata.Get(MetadataEv
 // SetEventType records the event's type name in the message metadata.
 func SetEventType(msg *message.Message, eventType string) {
 	msg.Metadata.Set(MetadataEventType, eventType)
+}
+
+// SetVersion records the aggregate version the event brings its partition key to.
+func SetVersion(msg *message.Message, version int64) {
+	msg.Metadata.Set(MetadataVersion, strconv.FormatInt(version, 10))
+}
+
+// Version returns the aggregate version recorded with SetVersion. ok is false when there is none
+// or it is not a positive integer.
+func Version(msg *message.Message) (version int64, ok bool) {
+	v, err := strconv.ParseInt(msg.Metadata.Get(MetadataVersion), 10, 64)
+	return v, err == nil && v > 0
 }
 
 // CreatedAt returns the time the message's outbox row was written, as stamped by the forwarder.

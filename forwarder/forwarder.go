@@ -17,16 +17,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unicode/utf8"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/outboxkit/outboxkit/internal/pgtext"
 	"github.com/outboxkit/outboxkit/internal/schema"
 )
 
@@ -209,7 +208,7 @@ func (f *Forwarder) mark(ctx context.Context, tx pgx.Tx, out outcome) (int, erro
 	)
 	for i, fr := range out.failed {
 		seqs[i] = fr.seq
-		errs[i] = storableError(fr.err)
+		errs[i] = pgtext.Storable(fr.err.Error())
 		if attempts := fr.attempts + 1; attempts >= f.cfg.MaxAttempts {
 			deadAt[i] = pgtype.Timestamptz{Time: now, Valid: true}
 			dead++
@@ -221,21 +220,6 @@ func (f *Forwarder) mark(ctx context.Context, tx pgx.Tx, out outcome) (int, erro
 		return 0, fmt.Errorf("record failed outbox publishes: %w", err)
 	}
 	return dead, nil
-}
-
-// storableError makes an error text fit a Postgres text column: valid UTF-8, no NUL, bounded.
-func storableError(err error) string {
-	s := strings.ToValidUTF8(err.Error(), "\uFFFD")
-	s = strings.ReplaceAll(s, "\x00", "")
-	const max = 2000
-	if len(s) > max {
-		s = s[:max]
-		for !utf8.ValidString(s) {
-			s = s[:len(s)-1]
-		}
-		s += "…"
-	}
-	return s
 }
 
 // errAlreadyRunning is returned by a second concurrent Run.

@@ -572,7 +572,6 @@ func TestConfigValidation(t *testing.T) {
 	}
 }
 
-
 // A key whose head must wait and whose backlog is longer than the claim window must not starve
 // the keys written after it: the window skips the stuck key instead of filling up with it.
 func TestDispatch_StuckKeyWithLongBacklogDoesNotStarveOthers(t *testing.T) {

@@ -2,10 +2,11 @@ package forwarder
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxkit/outboxkit/internal/promreg"
 )
 
 type metrics struct {
@@ -53,34 +54,17 @@ func newMetrics(reg prometheus.Registerer, name, schemaName string, f *Forwarder
 	}
 	// Forwarders with the same name and schema in one process share their series.
 	var err error
-	register(reg, &m.published, &err)
-	register(reg, &m.failures, &err)
-	register(reg, &m.deadLettered, &err)
-	register(reg, &m.latency, &err)
-	register(reg, &m.attempts, &err)
-	register(reg, &m.circuit, &err)
-	register(reg, &m.lastPass, &err)
-	register(reg, &m.lastPublish, &err)
+	promreg.Register(reg, &m.published, &err)
+	promreg.Register(reg, &m.failures, &err)
+	promreg.Register(reg, &m.deadLettered, &err)
+	promreg.Register(reg, &m.latency, &err)
+	promreg.Register(reg, &m.attempts, &err)
+	promreg.Register(reg, &m.circuit, &err)
+	promreg.Register(reg, &m.lastPass, &err)
+	promreg.Register(reg, &m.lastPublish, &err)
 	var backlog prometheus.Collector = &backlogCollector{f: f, labels: prometheus.Labels{"schema": schemaName}}
-	register(reg, &backlog, &err)
+	promreg.Register(reg, &backlog, &err)
 	return m, err
-}
-
-// register registers *c, or replaces it with the collector already registered under its name.
-func register[T prometheus.Collector](reg prometheus.Registerer, c *T, errp *error) {
-	if *errp != nil {
-		return
-	}
-	if err := reg.Register(*c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(T); ok {
-				*c = existing
-				return
-			}
-		}
-		*errp = err
-	}
 }
 
 func (m *metrics) observePublished(latency time.Duration, attempts int) {

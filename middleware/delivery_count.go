@@ -1,0 +1,74 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outboxkit/internal/pgtext"
+)
+
+// DeliveryCountConfig configures NewDeliveryCount.
+type DeliveryCountConfig struct {
+	// Pool reaches the database holding inbox_deliveries. Required.
+	Pool *pgxpool.Pool
+	// Schema holds outboxkit's tables. Default "outboxkit".
+	Schema string
+	// Consumer names the consuming service; it keys the count. Required.
+	Consumer string
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+	// Logger. Default: none.
+	Logger watermill.LoggerAdapter
+}
+
+// NewDeliveryCount counts every delivery of a message to this consumer in inbox_deliveries, in a
+// commit of its own before the inner handler runs, and exposes the count through Deliveries(ctx).
+// Because the count is committed first, a message that crashes the process is counted too, and the
+// dead-letter middleware can quarantine it once it has been delivered too often.
+//
+// If the count cannot be written the message is nacked (and delivered again later): running the
+// handler uncounted could let a poison message loop forever.
+func NewDeliveryCount(cfg DeliveryCountConfig) (message.HandlerMiddleware, error) {
+	b, err := newBase(cfg.Pool, cfg.Schema, cfg.Consumer)
+	if err != nil {
+		return nil, fmt.Errorf("delivery count config: %w", err)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	count := b.schema.Render(querySQL("count_delivery.sql"))
+	failed := b.schema.Render(querySQL("delivery_failed.sql"))
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			if msg.UUID == "" {
+				return h(msg) // nothing to count by; the inbox quarantines it
+			}
+			d := deliveryOf(msg)
+			ctx := msg.Context()
+			if err := b.pool.QueryRow(ctx, count, b.consumer, msg.UUID, cfg.Now()).Scan(&d.count); err != nil {
+				return nil, fmt.Errorf("count delivery of message %s: %w", msg.UUID, err)
+			}
+			out, err := h(msg)
+			if err != nil && !d.deadLettered {
+				if _, uerr := b.pool.Exec(ctx, failed, b.consumer, msg.UUID, pgtext.Storable(err.Error())); uerr != nil {
+					cfg.Logger.Error("Cannot record the delivery's error", uerr, watermill.LogFields{
+						"consumer": b.consumer, "message_uuid": msg.UUID,
+					})
+				}
+			}
+			return out, err
+		}
+	}, nil
+}
+
+// errNoUUID rejects messages the inbox cannot deduplicate; the inbox marks it permanent.
+var errNoUUID = errors.New("message has no UUID: outboxkit deduplicates on it; publish through the outbox, " +
+	"or give every message a unique UUID")

@@ -1,0 +1,18 @@
+// Package middleware holds the Watermill router middleware of an effectively-once consumer:
+// delivery counting, dead-lettering, retries and the inbox, plus an opt-in per-key order guard
+// and metrics. Stack builds the recommended stack in the right order, outermost first:
+//
+//	Metrics → DeliveryCount → DeadLetter → Retry → Inbox → [OrderGuard] → handler
+//
+// Metrics sees every outcome. DeliveryCount counts the delivery in its own commit before anything
+// else runs, so a message that crashes the process is still counted. DeadLetter quarantines a
+// message that failed permanently or on its last allowed delivery (or that was delivered more times
+// than allowed without ever finishing) and acknowledges it, so the queue keeps flowing. Retry
+// retries in-process with backoff, each attempt a fresh inbox transaction. Inbox inserts the
+// message's inbox row first and hands the same transaction to the handler: the effect and the row
+// commit together, and a duplicate — even a concurrent one — is acknowledged without running the
+// handler.
+//
+// Every middleware reads the database through a pgx pool and the tables Migrate created (package
+// pipeline). None knows which broker the messages came from.
+package middleware

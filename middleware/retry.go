@@ -1,0 +1,81 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/handlers"
+)
+
+// DefaultRetryBackoff spaces in-process retries: 100ms, 200ms, 400ms … capped at 2s, each ±20%.
+var DefaultRetryBackoff = outboxkit.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second, Multiplier: 2, Jitter: 0.2}
+
+// RetryConfig configures NewRetry.
+type RetryConfig struct {
+	// MaxRetries is how many times a failed message is retried in-process before the error goes
+	// out (to the dead-letter middleware, then the broker). Default 3. Set -1 for none.
+	MaxRetries int
+	// Backoff spaces the retries; its interval grows up to Max, never a silent constant.
+	// Default DefaultRetryBackoff.
+	Backoff outboxkit.Backoff
+	// Logger receives one line per retry. Default: none.
+	Logger watermill.LoggerAdapter
+}
+
+// retryable reports whether retrying in-process can help: not for permanent errors, nor for a
+// message parked until an earlier one has been processed.
+func retryable(err error) bool {
+	var p *parked
+	return !handlers.IsPermanent(err) && !errors.As(err, &p)
+}
+
+// NewRetry retries a failed message in-process with exponential backoff and jitter. Permanent
+// errors (handlers.Permanent) are not retried. A retry waits in the handler, so it holds back the
+// messages behind it on the same subscription: keep MaxRetries × Backoff short and leave longer
+// waits to redelivery.
+//
+// It is written here rather than taken from Watermill because Watermill's Retry advances its
+// backoff whenever its ShouldRetry or OnRetryHook asks for the delay, so intervals grow faster
+// than configured, and a zero MaxInterval silently keeps the interval constant.
+func NewRetry(cfg RetryConfig) (message.HandlerMiddleware, error) {
+	if cfg.MaxRetries == 0 {
+		cfg.MaxRetries = 3
+	}
+	if cfg.MaxRetries < -1 {
+		return nil, fmt.Errorf("retry config: field MaxRetries must be -1 (none) or more, got %d", cfg.MaxRetries)
+	}
+	if cfg.Backoff == (outboxkit.Backoff{}) {
+		cfg.Backoff = DefaultRetryBackoff
+	}
+	if err := cfg.Backoff.Validate("Backoff"); err != nil {
+		return nil, fmt.Errorf("retry config: %w", err)
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			for retry := 1; err != nil && retry <= cfg.MaxRetries && retryable(err); retry++ {
+				wait := cfg.Backoff.Delay(retry)
+				cfg.Logger.Debug("Retrying message", watermill.LogFields{
+					"message_uuid": msg.UUID, "retry": retry, "wait": wait, "error": err.Error(),
+				})
+				timer := time.NewTimer(wait)
+				select {
+				case <-msg.Context().Done():
+					timer.Stop()
+					return out, err
+				case <-timer.C:
+				}
+				out, err = h(msg)
+			}
+			return out, err
+		}
+	}, nil
+}

@@ -1,0 +1,83 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxkit/outboxkit"
+)
+
+// StackConfig configures Stack. Zero values take each middleware's documented default.
+type StackConfig struct {
+	// Pool reaches the database holding the inbox tables and the consumer's own. Required.
+	Pool *pgxpool.Pool
+	// Schema holds outboxkit's tables. Default "outboxkit".
+	Schema string
+	// Consumer names the consuming service (Shipping, Billing…). Required; it must not change.
+	Consumer string
+
+	// MaxDeliveries before quarantine. Default DefaultMaxDeliveries (5).
+	MaxDeliveries int
+	// MaxRetries in-process before the error goes out. Default 3; -1 for none.
+	MaxRetries int
+	// RetryBackoff spaces the in-process retries. Default DefaultRetryBackoff.
+	RetryBackoff outboxkit.Backoff
+	// InboxRetention is the deduplication window. Default DefaultInboxRetention (7 days).
+	InboxRetention time.Duration
+	// DisableFastPath skips the inbox's "seen already?" read. Default false.
+	DisableFastPath bool
+	// PoisonPublisher and PoisonTopic also send quarantined messages to a poison topic.
+	PoisonPublisher message.Publisher
+	PoisonTopic     string
+	// OrderGuard adds the per-key version guard (see NewOrderGuard). Default false.
+	OrderGuard bool
+
+	// Registerer receives the consumer's metrics. Default: no metrics middleware.
+	Registerer prometheus.Registerer
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+	// Logger. Default: none.
+	Logger watermill.LoggerAdapter
+}
+
+// Stack builds the recommended middleware stack for one consumer, outermost first, ready for
+// Handler.AddMiddleware (Watermill runs the first one added outermost):
+//
+//	Metrics → DeliveryCount → DeadLetter → Retry → Inbox → [OrderGuard] → handler
+func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
+	var (
+		stack []message.HandlerMiddleware
+		errs  []error
+	)
+	add := func(m message.HandlerMiddleware, err error) {
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		stack = append(stack, m)
+	}
+	if cfg.Registerer != nil {
+		add(NewMetrics(MetricsConfig{Consumer: cfg.Consumer, Registerer: cfg.Registerer, Now: cfg.Now}))
+	}
+	add(NewDeliveryCount(DeliveryCountConfig{Pool: cfg.Pool, Schema: cfg.Schema, Consumer: cfg.Consumer,
+		Now: cfg.Now, Logger: cfg.Logger}))
+	add(NewDeadLetter(DeadLetterConfig{Pool: cfg.Pool, Schema: cfg.Schema, Consumer: cfg.Consumer,
+		MaxDeliveries: cfg.MaxDeliveries, PoisonPublisher: cfg.PoisonPublisher, PoisonTopic: cfg.PoisonTopic,
+		Now: cfg.Now, Logger: cfg.Logger}))
+	add(NewRetry(RetryConfig{MaxRetries: cfg.MaxRetries, Backoff: cfg.RetryBackoff, Logger: cfg.Logger}))
+	add(NewInbox(InboxConfig{Pool: cfg.Pool, Schema: cfg.Schema, Consumer: cfg.Consumer,
+		Retention: cfg.InboxRetention, DisableFastPath: cfg.DisableFastPath, Now: cfg.Now, Logger: cfg.Logger}))
+	if cfg.OrderGuard {
+		add(NewOrderGuard(OrderGuardConfig{Pool: cfg.Pool, Schema: cfg.Schema, Consumer: cfg.Consumer, Now: cfg.Now}))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("consumer %q: %w", cfg.Consumer, err)
+	}
+	return stack, nil
+}
