@@ -39,6 +39,8 @@ type DeadLetterFilter struct {
 	From, Until    time.Time // dead-lettered at or after From, before Until
 	// Limit bounds the result. Default 100.
 	Limit int
+	// IncludeReplayed also selects dead letters already replayed, to replay them again.
+	IncludeReplayed bool
 	// All must be set to select with an otherwise empty filter, so that a forgotten flag never
 	// replays everything.
 	All bool
@@ -70,7 +72,7 @@ func ListDeadLetters(ctx context.Context, pool *pgxpool.Pool, schemaName string,
 	}
 	ts := func(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: !t.IsZero()} }
 	rows, err := pool.Query(ctx, name.Render(querySQL("dead_letters.sql")), filter.Consumer, ids, msgIDs,
-		filter.Topic, filter.ReasonContains, ts(filter.From), ts(filter.Until), filter.Limit)
+		filter.Topic, filter.ReasonContains, ts(filter.From), ts(filter.Until), filter.Limit, filter.IncludeReplayed)
 	if err != nil {
 		return nil, fmt.Errorf("list dead letters: %w", err)
 	}
