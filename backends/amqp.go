@@ -443,6 +443,9 @@ func NewAMQPSubscriber(cfg AMQPSubscriberConfig) (message.Subscriber, error) {
 	if cfg.Prefetch == 0 {
 		cfg.Prefetch = 16
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{} // watermill-amqp's Close dereferences it unchecked
+	}
 	wcfg := wamqp.NewDurablePubSubConfig(cfg.URL, wamqp.GenerateQueueNameTopicNameWithSuffix(cfg.ConsumerGroup))
 	wcfg.Consume.Qos.PrefetchCount = cfg.Prefetch
 	wcfg.Connection.Reconnect = &wamqp.ReconnectConfig{

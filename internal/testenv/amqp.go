@@ -102,3 +102,40 @@ func (q *Queue) WaitFor(t testing.TB, n int, within time.Duration) []Delivery {
 		}
 	}
 }
+
+// DeclareQueue declares topic's fanout exchange and a durable queue bound to it, as a watermill-amqp
+// subscriber of that consumer group would (queue "<topic>_<group>"), so messages published before
+// the consumer starts are kept. Both are deleted when the test ends.
+func DeclareQueue(t testing.TB, url, topic, group string) {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatalf("connect to %s: %v", url, err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	queue := topic + "_" + group
+	if err := ch.ExchangeDeclare(topic, "fanout", true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := ch.QueueBind(queue, "", topic, false, nil); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(url)
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		if ch, err := conn.Channel(); err == nil {
+			_, _ = ch.QueueDelete(queue, false, false, false)
+			_ = ch.ExchangeDelete(topic, false, false)
+		}
+	})
+}
