@@ -90,8 +90,10 @@ type Config struct {
 	// key. Default false: a dead-lettered row no longer holds its key back.
 	ParkKeyOnDeadLetter bool
 
-	// TopicMapping maps an outbox topic to the broker topic. Default: the same name.
-	TopicMapping func(topic string) string
+	// TopicMapping maps an outbox row's topic and partition key ("" when it has none) to the broker
+	// topic, e.g. to spread a topic over key shards with outboxkit.ShardTopic. Default: the same
+	// topic.
+	TopicMapping func(topic, partitionKey string) string
 
 	// IsTransportError decides whether a publish error means "broker unreachable" (open the circuit,
 	// do not count the attempt) rather than "this message failed". Default outboxkit.IsTransport.
@@ -157,7 +159,7 @@ func (c Config) withDefaults() Config {
 		c.PublishTimeout = DefaultPublishTimeout
 	}
 	if c.TopicMapping == nil {
-		c.TopicMapping = func(topic string) string { return topic }
+		c.TopicMapping = func(topic, _ string) string { return topic }
 	}
 	if c.IsTransportError == nil {
 		c.IsTransportError = outboxkit.IsTransport

@@ -48,7 +48,7 @@ func TestDispatch_MessageCarriesIdentityAndOrigin(t *testing.T) {
 	pub := newFakePublisher()
 	pub.setFail(func(m *message.Message, _ int) error { got = m; return nil })
 	dispatch(t, newForwarder(t, pg, pub, newClock(), func(c *forwarder.Config) {
-		c.TopicMapping = func(topic string) string { return "prod." + topic }
+		c.TopicMapping = func(topic, key string) string { return "prod." + topic + "." + key }
 	}))
 	if got == nil || got.UUID != msgs[0].UUID || string(got.Payload) != string(msgs[0].Payload) {
 		t.Fatalf("published %+v, want the outbox message %s", got, msgs[0].UUID)
@@ -59,8 +59,8 @@ func TestDispatch_MessageCarriesIdentityAndOrigin(t *testing.T) {
 	if created, ok := outboxkit.CreatedAt(got); !ok || time.Since(created) > time.Minute {
 		t.Errorf("created_at stamp = %q", got.Metadata.Get(outboxkit.MetadataCreatedAt))
 	}
-	if s := pub.accepted(); s[0].topic != "prod.events" {
-		t.Errorf("topic = %q, want the mapped prod.events", s[0].topic)
+	if s := pub.accepted(); s[0].topic != "prod.events.order-1" {
+		t.Errorf("topic = %q, want the mapped prod.events.order-1", s[0].topic)
 	}
 }
 

@@ -141,7 +141,11 @@ func (f *Forwarder) toMessage(r row) (*message.Message, string, error) {
 	md.Set(outboxkit.MetadataSeq, strconv.FormatInt(r.seq, 10))
 	msg := message.NewMessage(r.uuid, r.payload)
 	msg.Metadata = md
-	topic := f.cfg.TopicMapping(r.topic)
+	key := ""
+	if r.key != nil {
+		key = *r.key
+	}
+	topic := f.cfg.TopicMapping(r.topic, key)
 	if topic == "" {
 		return nil, "", fmt.Errorf("outbox row %d: TopicMapping mapped topic %q to an empty topic", r.seq, r.topic)
 	}

@@ -270,4 +270,3 @@ func TestHelperCrashyConsumer(t *testing.T) {
 		return n >= want
 	})
 }
-

@@ -25,6 +25,8 @@ type config struct {
 	cpuProfile       string
 	batch, inFlight  int
 	relays           int
+	scenario         string
+	consumerEvents   int
 }
 
 func main() {
@@ -34,11 +36,13 @@ func main() {
 	flag.IntVar(&c.events, "events", 20000, "events preloaded for each drain")
 	flag.IntVar(&c.keys, "keys", 200, "partition keys the events are spread over")
 	flag.IntVar(&c.reps, "reps", 3, "repetitions of each measurement (the median is reported)")
-	flag.StringVar(&c.jsonPath, "json", "bench-results/drain.json", "where to write the figures as JSON (empty: nowhere)")
+	flag.StringVar(&c.jsonPath, "json", "bench-results/bench.json", "where to write the figures as JSON (empty: nowhere)")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the outboxkit drains to this file")
 	flag.IntVar(&c.batch, "batch", 0, "forwarder BatchSize (0: the default)")
 	flag.IntVar(&c.inFlight, "inflight", 0, "forwarder MaxInFlight (0: the default)")
 	flag.IntVar(&c.relays, "relays", 1, "forwarders draining the outbox at once")
+	flag.StringVar(&c.scenario, "scenario", "all", "what to measure: drain, consumer or all")
+	flag.IntVar(&c.consumerEvents, "consumer-events", 5000, "messages preloaded for each consumer measurement")
 	flag.Parse()
 	if c.events < 1 || c.keys < 1 || c.reps < 1 {
 		fmt.Fprintln(os.Stderr, "bench: --events, --keys and --reps must be at least 1")
@@ -54,9 +58,23 @@ func main() {
 
 func run(ctx context.Context, c config) error {
 	fmt.Printf("outboxkit bench — %s, %d CPUs, %s\n", runtime.GOOS+"/"+runtime.GOARCH, runtime.NumCPU(), time.Now().UTC().Format(time.RFC3339))
-	results, err := benchDrain(ctx, c)
-	if err != nil {
-		return err
+	var results []series
+	if c.scenario == "drain" || c.scenario == "all" {
+		r, err := benchDrain(ctx, c)
+		if err != nil {
+			return err
+		}
+		results = append(results, r...)
+	}
+	if c.scenario == "consumer" || c.scenario == "all" {
+		r, err := benchConsumer(ctx, c)
+		if err != nil {
+			return err
+		}
+		results = append(results, r...)
+	}
+	if len(results) == 0 {
+		return fmt.Errorf("unknown --scenario %q: use drain, consumer or all", c.scenario)
 	}
 	if c.jsonPath != "" {
 		if err := os.MkdirAll(filepath.Dir(c.jsonPath), 0o755); err != nil {

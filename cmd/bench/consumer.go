@@ -1,0 +1,212 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/handlers"
+	"github.com/outboxkit/outboxkit/middleware"
+	"github.com/outboxkit/outboxkit/pipeline"
+)
+
+const consumerShards = 4
+
+// benchConsumer times consumers draining a preloaded queue, each writing one effect row per
+// message: stock Watermill as shipped, a plain handler with our subscriber settings (the baseline
+// for the inbox's cost), the inbox stack, and the inbox stack over key shards.
+func benchConsumer(ctx context.Context, c config) ([]series, error) {
+	pool, err := pgxpool.New(ctx, c.dbURL)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	schema := fmt.Sprintf("bench_consumer_%d", time.Now().UnixNano()%1e9)
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if _, err := pipeline.Migrate(ctx, db, schema); err != nil {
+		return nil, err
+	}
+	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.effects (message_id text NOT NULL, note text)`); err != nil {
+		return nil, err
+	}
+	n := c.consumerEvents
+	fmt.Printf("\nconsumer: %d preloaded messages, one effect row each (one transaction per message), %d reps\n", n, c.reps)
+
+	stock := series{Name: "stock Watermill consumer, as shipped", Unit: "msg/s"}
+	plain := series{Name: "plain handler, outboxkit subscriber", Unit: "msg/s"}
+	inbox := series{Name: "outboxkit inbox stack", Unit: "msg/s"}
+	sharded := series{Name: fmt.Sprintf("outboxkit inbox stack, %d key shards", consumerShards), Unit: "msg/s"}
+	for rep := 1; rep <= c.reps; rep++ {
+		for _, v := range []struct {
+			s      *series
+			kind   string
+			shards int
+		}{{&stock, "stock", 1}, {&plain, "plain", 1}, {&inbox, "inbox", 1}, {&sharded, "inbox", consumerShards}} {
+			r, err := consumeOnce(ctx, c, pool, schema, v.kind, v.shards, rep)
+			if err != nil {
+				return nil, fmt.Errorf("%s consumer: %w", v.s.Name, err)
+			}
+			v.s.add(r)
+		}
+		fmt.Printf("  round %d: stock %.0f, plain %.0f, inbox %.0f, inbox sharded %.0f msg/s\n",
+			rep, stock.Values[rep-1], plain.Values[rep-1], inbox.Values[rep-1], sharded.Values[rep-1])
+	}
+	overhead := series{Name: "inbox cost vs plain handler", Unit: "%"}
+	for i := range inbox.Values {
+		overhead.add(100 * (1 - inbox.Values[i]/plain.Values[i]))
+	}
+	vsStock := ratio("inbox sharded / stock", sharded, stock)
+	fmt.Print(table("consumer rate", []series{stock, plain, inbox, sharded}))
+	fmt.Print(table("paired by round", []series{overhead, vsStock, ratio("inbox / stock", inbox, stock)}))
+	return []series{stock, plain, inbox, sharded, overhead, vsStock}, nil
+}
+
+func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind string, shards, rep int) (float64, error) {
+	n := c.consumerEvents
+	topic := fmt.Sprintf("bench.consume.%s.%d.%d", kind, rep, time.Now().UnixNano()%1e9)
+	group := "bench"
+	topics := outboxkit.ShardTopics(topic, shards)
+	if err := declareQueues(c.brokerURL, topics, group); err != nil {
+		return 0, err
+	}
+	defer deleteQueues(c.brokerURL, topics, group)
+
+	pub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: c.brokerURL})
+	if err != nil {
+		return 0, err
+	}
+	defer pub.Close()
+	for i := 0; i < n; i++ {
+		body, key := payload(i, c.keys)
+		if err := pub.Publish(outboxkit.ShardTopic(topic, key, shards), pipeline.NewEvent("OrderPlaced", key, body)); err != nil {
+			return 0, err
+		}
+	}
+
+	var done atomic.Int64
+	finished := make(chan struct{})
+	count := func() {
+		if done.Add(1) == int64(n) {
+			close(finished)
+		}
+	}
+	plainEffect := func(msg *message.Message) error {
+		if _, err := pool.Exec(msg.Context(), `INSERT INTO `+schema+`.effects (message_id, note) VALUES ($1, $2)`,
+			msg.UUID, string(msg.Payload)); err != nil {
+			return err
+		}
+		count()
+		return nil
+	}
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		return 0, err
+	}
+	var closers []func() error
+	for _, t := range topics {
+		var sub message.Subscriber
+		if kind == "stock" {
+			sub, err = wamqp.NewSubscriber(wamqp.NewDurablePubSubConfig(c.brokerURL, wamqp.GenerateQueueNameTopicNameWithSuffix(group)), watermill.NopLogger{})
+		} else {
+			sub, err = backends.NewAMQPSubscriber(backends.AMQPSubscriberConfig{URL: c.brokerURL, ConsumerGroup: group})
+		}
+		if err != nil {
+			return 0, err
+		}
+		closers = append(closers, sub.Close)
+		if kind != "inbox" {
+			router.AddConsumerHandler("h-"+t, t, sub, plainEffect)
+			continue
+		}
+		stack, err := middleware.Stack(middleware.StackConfig{Pool: pool, Schema: schema, Consumer: group})
+		if err != nil {
+			return 0, err
+		}
+		h := router.AddConsumerHandler("h-"+t, t, sub, func(msg *message.Message) error {
+			err := handlers.JSON(func(ctx context.Context, tx pgx.Tx, o map[string]any) error {
+				_, err := tx.Exec(ctx, `INSERT INTO `+schema+`.effects (message_id, note) VALUES ($1, $2)`, msg.UUID, o["order_id"])
+				return err
+			})(msg)
+			return err
+		})
+		h.AddMiddleware(append([]message.HandlerMiddleware{func(next message.HandlerFunc) message.HandlerFunc {
+			return func(msg *message.Message) ([]*message.Message, error) {
+				out, err := next(msg)
+				if err == nil {
+					count() // acknowledged: processed, or absorbed as a duplicate
+				}
+				return out, err
+			}
+		}}, stack...)...)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errc := make(chan error, 1)
+	start := time.Now()
+	go func() { errc <- router.Run(runCtx) }()
+	select {
+	case <-finished:
+	case <-time.After(5 * time.Minute):
+		return 0, fmt.Errorf("only %d of %d messages consumed", done.Load(), n)
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+	elapsed := time.Since(start)
+	cancel()
+	<-errc
+	for _, cl := range closers {
+		_ = cl()
+	}
+	return rate(n, elapsed), nil
+}
+
+func declareQueues(url string, topics []string, group string) error {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	for _, t := range topics {
+		if err := ch.ExchangeDeclare(t, "fanout", true, false, false, false, nil); err != nil {
+			return err
+		}
+		if _, err := ch.QueueDeclare(t+"_"+group, true, false, false, false, nil); err != nil {
+			return err
+		}
+		if err := ch.QueueBind(t+"_"+group, "", t, false, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func deleteQueues(url string, topics []string, group string) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	if ch, err := conn.Channel(); err == nil {
+		for _, t := range topics {
+			_, _ = ch.QueueDelete(t+"_"+group, false, false, false)
+			_ = ch.ExchangeDelete(t, false, false)
+		}
+	}
+}
