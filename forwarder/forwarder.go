@@ -34,6 +34,7 @@ type Forwarder struct {
 	cfg     Config
 	schema  schema.Name
 	q       queries
+	outbox  *Outbox
 	circuit *circuit
 	metrics *metrics
 	hooks   hooks
@@ -71,10 +72,15 @@ func New(cfg Config) (*Forwarder, error) {
 		return nil, fmt.Errorf("forwarder config: %w", err)
 	}
 	name := schema.MustParse(cfg.Schema)
+	outbox, err := NewOutbox(cfg.Pool, OutboxConfig{Schema: cfg.Schema, Now: cfg.Now})
+	if err != nil {
+		return nil, err
+	}
 	f := &Forwarder{
 		cfg:     cfg,
 		schema:  name,
-		q:       loadQueries(name),
+		q:       outbox.q,
+		outbox:  outbox,
 		circuit: &circuit{backoff: cfg.CircuitBackoff},
 		started: make(chan struct{}),
 	}

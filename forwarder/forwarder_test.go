@@ -640,3 +640,57 @@ func TestDispatch_RowLockedElsewhereHoldsBackTheRestOfItsKey(t *testing.T) {
 		t.Fatalf("pass = %+v; want row 1 of k and both rows of other published, rows 3 and 4 of k held back behind the locked row 2", res)
 	}
 }
+
+func TestOutbox_DeadLetterListingAndFilters(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewPG(t)
+	msgs := write(t, pg, []string{"a", "b", "c"}, 1)
+	clk := newClock()
+	pub := newFakePublisher()
+	pub.setFail(func(m *message.Message, _ int) error {
+		if outboxkit.PartitionKey(m) == "c" {
+			return nil
+		}
+		return fmt.Errorf("refused %s", outboxkit.PartitionKey(m))
+	})
+	f := newForwarder(t, pg, pub, clk, func(c *forwarder.Config) { c.MaxAttempts = 1 })
+	dispatch(t, f)
+	ob, err := forwarder.NewOutbox(pg.Pool, forwarder.OutboxConfig{Schema: string(pg.Schema), Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	all, err := ob.DeadLetters(ctx, forwarder.DeadLetterFilter{})
+	if err != nil || len(all) != 2 {
+		t.Fatalf("listing = %d rows, %v; want the 2 dead letters", len(all), err)
+	}
+	if all[0].UUID != msgs[0].UUID || all[0].LastError != "refused a" || all[0].PartitionKey != "a" ||
+		all[0].Attempts != 1 || all[0].Metadata[outboxkit.MetadataEventType] != "Happened" {
+		t.Fatalf("first dead letter = %+v", all[0])
+	}
+	for name, c := range map[string]struct {
+		f    forwarder.DeadLetterFilter
+		want int
+	}{
+		"error text":    {forwarder.DeadLetterFilter{ErrorContains: "refused b"}, 1},
+		"key":           {forwarder.DeadLetterFilter{PartitionKey: "a"}, 1},
+		"topic":         {forwarder.DeadLetterFilter{Topic: "events"}, 2},
+		"other topic":   {forwarder.DeadLetterFilter{Topic: "nope"}, 0},
+		"since later":   {forwarder.DeadLetterFilter{From: clk.Now().Add(time.Minute)}, 0},
+		"until later":   {forwarder.DeadLetterFilter{Until: clk.Now().Add(time.Minute)}, 2},
+		"uuid":          {forwarder.DeadLetterFilter{UUIDs: []string{msgs[1].UUID}}, 1},
+		"published row": {forwarder.DeadLetterFilter{UUIDs: []string{msgs[2].UUID}}, 0},
+	} {
+		got, err := ob.DeadLetters(ctx, c.f)
+		if err != nil || len(got) != c.want {
+			t.Errorf("%s: %d rows (%v), want %d", name, len(got), err, c.want)
+		}
+	}
+	seqs, err := ob.ReplayDeadLetters(ctx, forwarder.DeadLetterFilter{ErrorContains: "refused b"})
+	if err != nil || len(seqs) != 1 {
+		t.Fatalf("replay by error text = %v, %v", seqs, err)
+	}
+	if left, _ := ob.DeadLetters(ctx, forwarder.DeadLetterFilter{}); len(left) != 1 || left[0].PartitionKey != "a" {
+		t.Fatalf("after replaying b, dead letters = %+v", left)
+	}
+}

@@ -2,6 +2,7 @@ package forwarder
 
 import (
 	"embed"
+	"strings"
 
 	"github.com/outboxkit/outboxkit/internal/schema"
 )
@@ -11,16 +12,24 @@ var sqlFiles embed.FS
 
 // queries holds the forwarder's SQL, rendered once for the configured schema.
 type queries struct {
-	claim, markPublished, deletePublished, markFailed, prunePublished, replay, stats string
+	claim, markPublished, deletePublished, markFailed, prunePublished, replay, deadLetters, stats string
 }
 
 func loadQueries(name schema.Name) queries {
+	raw := func(file string) string {
+		b, err := sqlFiles.ReadFile("sql/" + file)
+		if err != nil {
+			panic("forwarder: embedded query " + file + " missing: " + err.Error())
+		}
+		return string(b)
+	}
+	filter := raw("dead_letter_filter.sql")
 	read := func(file string) string {
 		b, err := sqlFiles.ReadFile("sql/" + file)
 		if err != nil {
 			panic("forwarder: embedded query " + file + " missing: " + err.Error())
 		}
-		return name.Render(string(b))
+		return name.Render(strings.ReplaceAll(string(b), "{{dead_letter_filter}}", filter))
 	}
 	return queries{
 		claim:           read("claim.sql"),
@@ -29,6 +38,7 @@ func loadQueries(name schema.Name) queries {
 		markFailed:      read("mark_failed.sql"),
 		prunePublished:  read("prune_published.sql"),
 		replay:          read("replay.sql"),
+		deadLetters:     read("dead_letters.sql"),
 		stats:           read("stats.sql"),
 	}
 }
