@@ -77,9 +77,13 @@ func NewInbox(cfg InboxConfig) (message.HandlerMiddleware, error) {
 	}
 	insert := b.schema.Render(querySQL("insert_inbox.sql"))
 	seen := b.schema.Render(querySQL("seen.sql"))
+	countDuplicate := b.schema.Render(querySQL("count_duplicate.sql"))
 
 	duplicate := func(msg *message.Message, d *delivery) ([]*message.Message, error) {
 		d.duplicate = true
+		if _, err := b.pool.Exec(msg.Context(), countDuplicate, b.consumer, msg.UUID); err != nil {
+			cfg.Logger.Error("Cannot count a duplicate", err, watermill.LogFields{"consumer": b.consumer, "message_uuid": msg.UUID})
+		}
 		cfg.Logger.Debug("Duplicate message acknowledged", watermill.LogFields{
 			"consumer": b.consumer, "message_uuid": msg.UUID,
 		})
@@ -114,6 +118,7 @@ func NewInbox(cfg InboxConfig) (message.HandlerMiddleware, error) {
 				return nil, fmt.Errorf("insert inbox row for message %s: %w", msg.UUID, err)
 			}
 			if tag.RowsAffected() == 0 {
+				_ = tx.Rollback(ctx) // before counting, which updates the row this transaction waited on
 				return duplicate(msg, d)
 			}
 			if created, ok := outboxkit.CreatedAt(msg); ok && now.Sub(created) > cfg.Retention {

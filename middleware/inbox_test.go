@@ -238,3 +238,23 @@ func waitFor(within time.Duration, cond func() bool) bool {
 	}
 	return true
 }
+
+func TestStats_CountsProcessedDuplicatesAndDeadLetters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	stack := e.stack(t, "shipping", effect("shipping"))
+	a, b := orderMsg("a"), orderMsg("b")
+	for _, m := range []*message.Message{a, a, a, b, message.NewMessage("bad", []byte("not json"))} {
+		if _, err := stack(delivery(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stats, err := middleware.Stats(context.Background(), e.pg.Pool, string(e.pg.Schema))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []middleware.ConsumerStats{{Consumer: "shipping", Processed: 2, Duplicates: 2, DeadLetters: 1}}
+	if len(stats) != 1 || stats[0] != want[0] {
+		t.Fatalf("stats = %+v, want %+v", stats, want)
+	}
+}

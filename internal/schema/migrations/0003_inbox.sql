@@ -4,6 +4,7 @@ CREATE TABLE {{schema}}.inbox (
     consumer     text        NOT NULL,
     message_id   text        NOT NULL,
     processed_at timestamptz NOT NULL,
+    duplicates   integer     NOT NULL DEFAULT 0, -- deliveries absorbed after the first
     PRIMARY KEY (consumer, message_id)
 );
 
