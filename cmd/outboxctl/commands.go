@@ -1,0 +1,258 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/middleware"
+	"github.com/outboxkit/outboxkit/pipeline"
+)
+
+type env struct {
+	dbURL  string
+	schema string
+	stdout io.Writer
+	pool   *pgxpool.Pool
+}
+
+func (e *env) connect(ctx context.Context) (*pgxpool.Pool, error) {
+	if e.dbURL == "" {
+		return nil, usagef("no database: pass --db postgres://user@host:5432/db or set OUTBOXKIT_DATABASE_URL")
+	}
+	cfg, err := pgxpool.ParseConfig(e.dbURL)
+	if err != nil {
+		return nil, usagef("--db %q is not a Postgres URL (%v): use postgres://user@host:5432/db", e.dbURL, err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach Postgres: %w (is it running? is --db right?)", err)
+	}
+	e.pool = pool
+	return pool, nil
+}
+
+// flags is a command's flag set; errors and --help are reported by the caller.
+func flags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+func parse(fs *flag.FlagSet, args []string, stdout io.Writer) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintf(stdout, "Usage of %s:\n", fs.Name())
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return err
+		}
+		return usagef("%s: %v", fs.Name(), err)
+	}
+	if fs.NArg() > 0 && !strings.HasSuffix(fs.Name(), " show") {
+		return usagef("%s: unexpected argument %q", fs.Name(), fs.Arg(0))
+	}
+	return nil
+}
+
+func (e *env) migrate(ctx context.Context, args []string) error {
+	if err := parse(flags("migrate"), args, e.stdout); err != nil {
+		return err
+	}
+	pool, err := e.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	res, err := pipeline.Migrate(ctx, db, e.schema)
+	if err != nil {
+		return err
+	}
+	if len(res.Applied) == 0 {
+		fmt.Fprintf(e.stdout, "schema %s is up to date at version %d\n", e.schema, res.Version)
+	} else {
+		fmt.Fprintf(e.stdout, "schema %s migrated to version %d (applied %v)\n", e.schema, res.Version, res.Applied)
+	}
+	return nil
+}
+
+// Status is the JSON of "outboxctl status --json".
+type Status struct {
+	Outbox struct {
+		Pending                      int     `json:"pending"`
+		OldestPendingAgeSeconds      float64 `json:"oldest_pending_age_seconds"`
+		DeadLettered                 int     `json:"dead_lettered"`
+		OldestDeadLetteredAgeSeconds float64 `json:"oldest_dead_lettered_age_seconds"`
+	} `json:"outbox"`
+	Consumers []middleware.ConsumerStats `json:"consumers"`
+}
+
+func (e *env) status(ctx context.Context, args []string) error {
+	fs := flags("status")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args, e.stdout); err != nil {
+		return err
+	}
+	pool, err := e.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ob, err := forwarder.NewOutbox(pool, forwarder.OutboxConfig{Schema: e.schema})
+	if err != nil {
+		return usagef("%v", err)
+	}
+	s, err := ob.Stats(ctx)
+	if err != nil {
+		return err
+	}
+	consumers, err := middleware.Stats(ctx, pool, e.schema)
+	if err != nil {
+		return err
+	}
+	var st Status
+	st.Outbox.Pending, st.Outbox.DeadLettered = s.Pending, s.DeadLettered
+	st.Outbox.OldestPendingAgeSeconds = s.OldestPendingAge.Seconds()
+	st.Outbox.OldestDeadLetteredAgeSeconds = s.OldestDeadLettered.Seconds()
+	st.Consumers = consumers
+	if st.Consumers == nil {
+		st.Consumers = []middleware.ConsumerStats{}
+	}
+	if *asJSON {
+		return json.NewEncoder(e.stdout).Encode(st)
+	}
+	fmt.Fprintf(e.stdout, "outbox: %d pending (oldest %s), %d dead-lettered (oldest %s)\n",
+		s.Pending, s.OldestPendingAge.Round(time.Millisecond), s.DeadLettered, s.OldestDeadLettered.Round(time.Second))
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONSUMER\tPROCESSED\tDUPLICATES\tDEAD LETTERS")
+	for _, c := range consumers {
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", c.Consumer, c.Processed, c.Duplicates, c.DeadLetters)
+	}
+	return tw.Flush()
+}
+
+func (e *env) prune(ctx context.Context, args []string) error {
+	fs := flags("prune")
+	published := fs.Duration("published-older-than", 24*time.Hour, "delete outbox rows published longer ago than this")
+	inbox := fs.Duration("inbox-older-than", middleware.DefaultInboxRetention,
+		"delete inbox rows older than this: the deduplication window, keep it longer than any redelivery or replay")
+	batch := fs.Int("batch", 1000, "rows per DELETE statement")
+	if err := parse(fs, args, e.stdout); err != nil {
+		return err
+	}
+	if *published <= 0 || *inbox <= 0 || *batch < 1 {
+		return usagef("prune: --published-older-than and --inbox-older-than must be positive durations (e.g. 24h), --batch at least 1")
+	}
+	pool, err := e.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	ob, err := forwarder.NewOutbox(pool, forwarder.OutboxConfig{Schema: e.schema})
+	if err != nil {
+		return usagef("%v", err)
+	}
+	nOutbox, err := ob.PrunePublished(ctx, *published, *batch)
+	if err != nil {
+		return err
+	}
+	nInbox, err := middleware.PruneInbox(ctx, middleware.PruneConfig{Pool: pool, Schema: e.schema, BatchSize: *batch}, *inbox)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "deleted %d published outbox rows and %d inbox rows\n", nOutbox, nInbox)
+	return nil
+}
+
+// filterFlags are the dead-letter filters both sides share.
+type filterFlags struct {
+	ids, uuids           *string
+	topic, key, consumer *string
+	errText              *string
+	since, until         *string
+	limit                *int
+	all, asJSON, dryRun  *bool
+	broker               *string
+}
+
+func addFilters(fs *flag.FlagSet, side string, replay bool) *filterFlags {
+	f := &filterFlags{}
+	idName := "seq"
+	if side == "inbox" {
+		idName = "id"
+	}
+	f.ids = fs.String(idName, "", "comma-separated "+idName+"s")
+	f.uuids = fs.String("uuid", "", "comma-separated message UUIDs")
+	f.topic = fs.String("topic", "", "topic")
+	f.errText = fs.String("error", "", "text the error (outbox) or reason (inbox) contains")
+	f.since = fs.String("since", "", "dead-lettered at or after: RFC 3339 time, or a duration ago (2h)")
+	f.until = fs.String("until", "", "dead-lettered before: RFC 3339 time, or a duration ago")
+	if side == "outbox" {
+		f.key = fs.String("key", "", "partition key")
+	} else {
+		f.consumer = fs.String("consumer", "", "consumer name")
+	}
+	if replay {
+		f.all = fs.Bool("all", false, "replay everything the filters select, even with no filter")
+		f.dryRun = fs.Bool("dry-run", false, "list what would be replayed, change nothing")
+		if side == "inbox" {
+			f.broker = fs.String("broker", os.Getenv("OUTBOXKIT_BROKER_URL"), "broker URL to re-publish to (env OUTBOXKIT_BROKER_URL)")
+		}
+	} else {
+		f.limit = fs.Int("limit", 100, "at most this many")
+		f.asJSON = fs.Bool("json", false, "print JSON")
+	}
+	return f
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func parseIDs(flagName, s string) ([]int64, error) {
+	var out []int64
+	for _, p := range splitList(s) {
+		n, err := strconv.ParseInt(p, 10, 64)
+		if err != nil || n < 1 {
+			return nil, usagef("--%s %q: want positive integers, comma-separated", flagName, p)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func parseWhen(flagName, s string) (time.Time, error) {
+	if s == "" {
+		return time.Time{}, nil
+	}
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	if d, err := time.ParseDuration(s); err == nil && d > 0 {
+		return time.Now().Add(-d), nil
+	}
+	return time.Time{}, usagef("--%s %q: want an RFC 3339 time (2026-11-29T10:00:00Z) or a duration ago (90m, 2h)", flagName, s)
+}

@@ -1,0 +1,134 @@
+// Command outboxctl operates an outboxkit database: migrations, backlog status, dead letters on
+// both sides (the outbox's and each consumer's), replay and pruning.
+//
+//	outboxctl [--db URL] [--schema NAME] COMMAND [flags]
+//
+// Exit codes: 0 ok, 1 the command failed, 2 the command line is wrong.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+
+	"github.com/outboxkit/outboxkit/internal/pgerr"
+	"github.com/outboxkit/outboxkit/internal/schema"
+)
+
+const usage = `outboxctl operates an outboxkit database.
+
+Usage:
+  outboxctl [--db URL] [--schema NAME] COMMAND [flags]
+
+Commands:
+  migrate                       create or upgrade the tables
+  status [--json]               outbox backlog and dead letters; per consumer: processed, duplicates, dead letters
+  outbox dead list [filters]    dead-lettered outbox rows
+  outbox dead show SEQ          one dead-lettered outbox row, payload included
+  outbox dead replay [filters]  put dead-lettered rows back in line (--dry-run lists them only)
+  inbox dead list [filters]     messages quarantined by consumers
+  inbox dead show ID            one quarantined message, payload included
+  inbox dead replay [filters]   re-publish quarantined messages to their topics (needs --broker)
+  prune                         delete published outbox rows and inbox rows past their retention
+
+Global flags:
+  --db URL        Postgres URL (env OUTBOXKIT_DATABASE_URL)
+  --schema NAME   schema holding the tables (env OUTBOXKIT_SCHEMA, default outboxkit)
+
+Run "outboxctl COMMAND --help" for a command's flags.
+`
+
+// usageError is a mistake on the command line: exit code 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, a ...any) error { return &usageError{fmt.Sprintf(format, a...)} }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run executes one command line and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	err := dispatch(ctx, args, stdout, stderr)
+	var ue *usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "outboxctl: %s\nRun \"outboxctl --help\" for usage.\n", ue.msg)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "outboxctl: %s\n", err)
+		if code, _ := pgerr.Code(err); code == pgerr.UndefinedTable {
+			fmt.Fprintln(stderr, "The tables are missing in this schema: run \"outboxctl migrate\" (with the same --db and --schema) first.")
+		}
+		return 1
+	}
+}
+
+func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	global := flag.NewFlagSet("outboxctl", flag.ContinueOnError)
+	global.SetOutput(io.Discard)
+	dbURL := global.String("db", os.Getenv("OUTBOXKIT_DATABASE_URL"), "")
+	schemaName := global.String("schema", envOr("OUTBOXKIT_SCHEMA", "outboxkit"), "")
+	if err := global.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(stdout, usage)
+			return err
+		}
+		return usagef("%v", err)
+	}
+	rest := global.Args()
+	if len(rest) == 0 {
+		fmt.Fprint(stderr, usage)
+		return usagef("no command given")
+	}
+	if _, err := schema.Parse(*schemaName); err != nil {
+		return usagef("--schema: %v", err)
+	}
+	env := &env{dbURL: *dbURL, schema: *schemaName, stdout: stdout}
+	cmd, sub := rest[0], rest[1:]
+	switch cmd {
+	case "migrate":
+		return env.migrate(ctx, sub)
+	case "status":
+		return env.status(ctx, sub)
+	case "prune":
+		return env.prune(ctx, sub)
+	case "outbox", "inbox":
+		if len(sub) < 2 || sub[0] != "dead" {
+			return usagef("%s takes: dead list|show|replay", cmd)
+		}
+		switch sub[1] {
+		case "list":
+			return env.deadList(ctx, cmd, sub[2:])
+		case "show":
+			return env.deadShow(ctx, cmd, sub[2:])
+		case "replay":
+			return env.deadReplay(ctx, cmd, sub[2:])
+		}
+		return usagef("unknown command %q: %s dead takes list, show or replay", strings.Join(sub[:2], " "), cmd)
+	case "help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	return usagef("unknown command %q", cmd)
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
