@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outboxkit/handlers"
@@ -93,14 +94,13 @@ func NewDeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 	insert := b.schema.Render(querySQL("quarantine.sql"))
 	inboxInsert := b.schema.Render(querySQL("insert_inbox.sql"))
 
-	// processed tells a crash loop from duplicates: every delivery of a message counts, so a burst
-	// of duplicates (or deliveries racing one that is still running) can exceed MaxDeliveries too.
-	// Inserting the inbox row in a transaction that is rolled back waits while another delivery
-	// holds the row, then conflicts if that delivery committed; it inserts only when nobody has
-	// processed the message.
-	processed := func(msg *message.Message) (bool, error) {
+	// processed tells a crash loop from duplicates: every delivery of a message counts, duplicates
+	// too, so a message processed long ago can exceed MaxDeliveries as well. Deliveries of one
+	// message are serialized by DeliveryCount, so inserting the inbox row in a transaction that is
+	// rolled back answers exactly: it conflicts only if the message was processed.
+	processed := func(msg *message.Message, d *delivery) (bool, error) {
 		ctx := msg.Context()
-		tx, err := b.pool.Begin(ctx)
+		tx, err := d.db(b.pool).BeginTx(ctx, pgx.TxOptions{})
 		if err != nil {
 			return false, err
 		}
@@ -124,7 +124,7 @@ func NewDeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 				payload = []byte{}
 			}
 			topic := message.SubscribeTopicFromCtx(msg.Context())
-			if _, err := b.pool.Exec(msg.Context(), insert, b.consumer, topic, msg.UUID, payload,
+			if _, err := d.db(b.pool).Exec(msg.Context(), insert, b.consumer, topic, msg.UUID, payload,
 				string(metadata), reason, d.count, cfg.Now()); err != nil {
 				return fmt.Errorf("quarantine message %s (%s): %w", msg.UUID, reason, err)
 			}
@@ -143,7 +143,7 @@ func NewDeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			d := deliveryOf(msg)
 			if d.count > cfg.MaxDeliveries && msg.UUID != "" {
-				done, err := processed(msg)
+				done, err := processed(msg, d)
 				if err != nil {
 					return nil, fmt.Errorf("check whether message %s was processed: %w", msg.UUID, err)
 				}

@@ -7,6 +7,8 @@ import (
 	"regexp"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outboxkit/internal/schema"
@@ -18,6 +20,26 @@ type delivery struct {
 	count        int // persistent delivery count; 0 when DeliveryCount is not in the stack
 	duplicate    bool
 	deadLettered bool
+
+	// conn is the connection DeliveryCount holds for the whole delivery, with the message's
+	// advisory lock: the middlewares inside do their database work on it, so a delivery needs one
+	// connection however many steps it takes, and no two deliveries of a message overlap.
+	conn *pgxpool.Conn
+}
+
+// querier is what a middleware needs of the database: the delivery's connection, or the pool.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
+// db returns the delivery's connection when DeliveryCount holds one, else pool.
+func (d *delivery) db(pool *pgxpool.Pool) querier {
+	if d.conn != nil {
+		return d.conn
+	}
+	return pool
 }
 
 type deliveryKey struct{}

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -14,7 +15,9 @@ import (
 
 // DeliveryCountConfig configures NewDeliveryCount.
 type DeliveryCountConfig struct {
-	// Pool reaches the database holding inbox_deliveries. Required.
+	// Pool reaches the database holding inbox_deliveries. Required. Each delivery in progress holds
+	// one of its connections, in session mode: PgBouncer in transaction mode cannot carry the
+	// session lock this middleware takes.
 	Pool *pgxpool.Pool
 	// Schema holds outboxkit's tables. Default "outboxkit".
 	Schema string
@@ -31,6 +34,12 @@ type DeliveryCountConfig struct {
 // Because the count is committed first, a message that crashes the process is counted too, and the
 // dead-letter middleware can quarantine it once it has been delivered too often.
 //
+// Deliveries of one message to one consumer are serialized: the middleware holds a connection with
+// a session-level advisory lock on the message for the whole delivery, and the middlewares inside
+// (the inbox's transaction, the dead-letter checks) work on that connection. Concurrent duplicates
+// therefore wait and then find the message processed, rather than all counting as attempts; if the
+// process dies, Postgres ends the session and releases the lock.
+//
 // If the count cannot be written the message is nacked (and delivered again later): running the
 // handler uncounted could let a poison message loop forever.
 func NewDeliveryCount(cfg DeliveryCountConfig) (message.HandlerMiddleware, error) {
@@ -46,19 +55,42 @@ func NewDeliveryCount(cfg DeliveryCountConfig) (message.HandlerMiddleware, error
 	}
 	count := b.schema.Render(querySQL("count_delivery.sql"))
 	failed := b.schema.Render(querySQL("delivery_failed.sql"))
+	lock, unlock := querySQL("lock_message.sql"), querySQL("unlock_message.sql")
 	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
+		return func(msg *message.Message) (_ []*message.Message, err error) {
 			if msg.UUID == "" {
 				return h(msg) // nothing to count by; the inbox quarantines it
 			}
 			d := deliveryOf(msg)
 			ctx := msg.Context()
-			if err := b.pool.QueryRow(ctx, count, b.consumer, msg.UUID, cfg.Now()).Scan(&d.count); err != nil {
+			conn, err := b.pool.Acquire(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("acquire a connection for message %s: %w", msg.UUID, err)
+			}
+			if _, err := conn.Exec(ctx, lock, b.consumer, msg.UUID); err != nil {
+				conn.Release()
+				return nil, fmt.Errorf("lock message %s: %w", msg.UUID, err)
+			}
+			d.conn = conn
+			defer func() {
+				d.conn = nil
+				// A connection that cannot say whether it still holds the lock is not returned to
+				// the pool: closing it ends the session, and the lock with it.
+				var unlocked bool
+				uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				defer cancel()
+				if uerr := conn.QueryRow(uctx, unlock, b.consumer, msg.UUID).Scan(&unlocked); uerr != nil || !unlocked {
+					_ = conn.Conn().Close(uctx)
+				}
+				conn.Release()
+			}()
+
+			if err := conn.QueryRow(ctx, count, b.consumer, msg.UUID, cfg.Now()).Scan(&d.count); err != nil {
 				return nil, fmt.Errorf("count delivery of message %s: %w", msg.UUID, err)
 			}
 			out, err := h(msg)
 			if err != nil && !d.deadLettered {
-				if _, uerr := b.pool.Exec(ctx, failed, b.consumer, msg.UUID, pgtext.Storable(err.Error())); uerr != nil {
+				if _, uerr := conn.Exec(ctx, failed, b.consumer, msg.UUID, pgtext.Storable(err.Error())); uerr != nil {
 					cfg.Logger.Error("Cannot record the delivery's error", uerr, watermill.LogFields{
 						"consumer": b.consumer, "message_uuid": msg.UUID,
 					})

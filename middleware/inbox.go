@@ -81,7 +81,7 @@ func NewInbox(cfg InboxConfig) (message.HandlerMiddleware, error) {
 
 	duplicate := func(msg *message.Message, d *delivery) ([]*message.Message, error) {
 		d.duplicate = true
-		if _, err := b.pool.Exec(msg.Context(), countDuplicate, b.consumer, msg.UUID); err != nil {
+		if _, err := d.db(b.pool).Exec(msg.Context(), countDuplicate, b.consumer, msg.UUID); err != nil {
 			cfg.Logger.Error("Cannot count a duplicate", err, watermill.LogFields{"consumer": b.consumer, "message_uuid": msg.UUID})
 		}
 		cfg.Logger.Debug("Duplicate message acknowledged", watermill.LogFields{
@@ -99,7 +99,7 @@ func NewInbox(cfg InboxConfig) (message.HandlerMiddleware, error) {
 			ctx := msg.Context()
 			if !cfg.DisableFastPath {
 				var found bool
-				if err := b.pool.QueryRow(ctx, seen, b.consumer, msg.UUID).Scan(&found); err != nil {
+				if err := d.db(b.pool).QueryRow(ctx, seen, b.consumer, msg.UUID).Scan(&found); err != nil {
 					return nil, fmt.Errorf("inbox lookup for message %s: %w", msg.UUID, err)
 				}
 				if found {
@@ -107,7 +107,7 @@ func NewInbox(cfg InboxConfig) (message.HandlerMiddleware, error) {
 				}
 			}
 
-			tx, err := b.pool.BeginTx(ctx, cfg.TxOptions)
+			tx, err := d.db(b.pool).BeginTx(ctx, cfg.TxOptions)
 			if err != nil {
 				return nil, fmt.Errorf("begin inbox transaction for message %s: %w", msg.UUID, err)
 			}
