@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outboxkit/internal/pgtext"
@@ -67,9 +68,16 @@ func NewDeliveryCount(cfg DeliveryCountConfig) (message.HandlerMiddleware, error
 			if err != nil {
 				return nil, fmt.Errorf("acquire a connection for message %s: %w", msg.UUID, err)
 			}
-			if _, err := conn.Exec(ctx, lock, b.consumer, msg.UUID); err != nil {
+			// Lock and count in one round trip; the count runs only once the lock is held.
+			batch := &pgx.Batch{}
+			batch.Queue(lock, b.consumer, msg.UUID)
+			batch.Queue(count, b.consumer, msg.UUID, cfg.Now()).QueryRow(func(r pgx.Row) error { return r.Scan(&d.count) })
+			results := conn.SendBatch(ctx, batch)
+			_, lockErr := results.Exec()
+			if lockErr != nil {
+				_ = results.Close()
 				conn.Release()
-				return nil, fmt.Errorf("lock message %s: %w", msg.UUID, err)
+				return nil, fmt.Errorf("lock message %s: %w", msg.UUID, lockErr)
 			}
 			d.conn = conn
 			defer func() {
@@ -85,7 +93,7 @@ func NewDeliveryCount(cfg DeliveryCountConfig) (message.HandlerMiddleware, error
 				conn.Release()
 			}()
 
-			if err := conn.QueryRow(ctx, count, b.consumer, msg.UUID, cfg.Now()).Scan(&d.count); err != nil {
+			if err := results.Close(); err != nil {
 				return nil, fmt.Errorf("count delivery of message %s: %w", msg.UUID, err)
 			}
 			out, err := h(msg)

@@ -97,7 +97,8 @@ func NewInbox(cfg InboxConfig) (message.HandlerMiddleware, error) {
 			}
 			d := deliveryOf(msg)
 			ctx := msg.Context()
-			if !cfg.DisableFastPath {
+			// On a first delivery (DeliveryCount says 1) there is nothing to find.
+			if !cfg.DisableFastPath && d.count != 1 {
 				var found bool
 				if err := d.db(b.pool).QueryRow(ctx, seen, b.consumer, msg.UUID).Scan(&found); err != nil {
 					return nil, fmt.Errorf("inbox lookup for message %s: %w", msg.UUID, err)

@@ -47,6 +47,7 @@ func benchConsumer(ctx context.Context, c config) ([]series, error) {
 
 	stock := series{Name: "stock Watermill consumer, as shipped", Unit: "msg/s"}
 	plain := series{Name: "plain handler, outboxkit subscriber", Unit: "msg/s"}
+	inboxOnly := series{Name: "inbox alone (no delivery count)", Unit: "msg/s"}
 	inbox := series{Name: "outboxkit inbox stack", Unit: "msg/s"}
 	sharded := series{Name: fmt.Sprintf("outboxkit inbox stack, %d key shards", consumerShards), Unit: "msg/s"}
 	for rep := 1; rep <= c.reps; rep++ {
@@ -54,24 +55,26 @@ func benchConsumer(ctx context.Context, c config) ([]series, error) {
 			s      *series
 			kind   string
 			shards int
-		}{{&stock, "stock", 1}, {&plain, "plain", 1}, {&inbox, "inbox", 1}, {&sharded, "inbox", consumerShards}} {
+		}{{&stock, "stock", 1}, {&plain, "plain", 1}, {&inboxOnly, "inbox-only", 1}, {&inbox, "inbox", 1}, {&sharded, "inbox", consumerShards}} {
 			r, err := consumeOnce(ctx, c, pool, schema, v.kind, v.shards, rep)
 			if err != nil {
 				return nil, fmt.Errorf("%s consumer: %w", v.s.Name, err)
 			}
 			v.s.add(r)
 		}
-		fmt.Printf("  round %d: stock %.0f, plain %.0f, inbox %.0f, inbox sharded %.0f msg/s\n",
-			rep, stock.Values[rep-1], plain.Values[rep-1], inbox.Values[rep-1], sharded.Values[rep-1])
+		fmt.Printf("  round %d: stock %.0f, plain %.0f, inbox alone %.0f, inbox stack %.0f, inbox sharded %.0f msg/s\n",
+			rep, stock.Values[rep-1], plain.Values[rep-1], inboxOnly.Values[rep-1], inbox.Values[rep-1], sharded.Values[rep-1])
 	}
-	overhead := series{Name: "inbox cost vs plain handler", Unit: "%"}
+	overhead := series{Name: "inbox stack cost vs plain handler", Unit: "%"}
+	inboxCost := series{Name: "inbox alone cost vs plain handler", Unit: "%"}
 	for i := range inbox.Values {
 		overhead.add(100 * (1 - inbox.Values[i]/plain.Values[i]))
+		inboxCost.add(100 * (1 - inboxOnly.Values[i]/plain.Values[i]))
 	}
 	vsStock := ratio("inbox sharded / stock", sharded, stock)
-	fmt.Print(table("consumer rate", []series{stock, plain, inbox, sharded}))
-	fmt.Print(table("paired by round", []series{overhead, vsStock, ratio("inbox / stock", inbox, stock)}))
-	return []series{stock, plain, inbox, sharded, overhead, vsStock}, nil
+	fmt.Print(table("consumer rate", []series{stock, plain, inboxOnly, inbox, sharded}))
+	fmt.Print(table("paired by round", []series{inboxCost, overhead, vsStock, ratio("inbox stack / stock", inbox, stock)}))
+	return []series{stock, plain, inboxOnly, inbox, sharded, inboxCost, overhead, vsStock}, nil
 }
 
 func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind string, shards, rep int) (float64, error) {
@@ -127,12 +130,18 @@ func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind
 			return 0, err
 		}
 		closers = append(closers, sub.Close)
-		if kind != "inbox" {
+		if kind == "stock" || kind == "plain" {
 			router.AddConsumerHandler("h-"+t, t, sub, plainEffect)
 			continue
 		}
-		stack, err := middleware.Stack(middleware.StackConfig{Pool: pool, Schema: schema, Consumer: group})
-		if err != nil {
+		var stack []message.HandlerMiddleware
+		if kind == "inbox-only" {
+			m, err := middleware.NewInbox(middleware.InboxConfig{Pool: pool, Schema: schema, Consumer: group})
+			if err != nil {
+				return 0, err
+			}
+			stack = []message.HandlerMiddleware{m}
+		} else if stack, err = middleware.Stack(middleware.StackConfig{Pool: pool, Schema: schema, Consumer: group}); err != nil {
 			return 0, err
 		}
 		h := router.AddConsumerHandler("h-"+t, t, sub, func(msg *message.Message) error {
