@@ -42,6 +42,40 @@ type Forwarder struct {
 	running     atomic.Bool
 	startedOnce sync.Once
 	started     chan struct{}
+
+	lastPass    atomic.Int64 // unix nanoseconds of the last pass that completed
+	lastPublish atomic.Int64 // unix nanoseconds of the last pass that published a row
+}
+
+// Health is what a readiness probe needs to know about the relay itself.
+type Health struct {
+	LastPass    time.Time // last pass that completed (zero: none yet)
+	LastPublish time.Time // last pass that published at least one row (zero: none yet)
+	CircuitOpen bool      // the broker could not be reached lately
+}
+
+// Health reports when the relay last made a pass and last published. Stats says how old the
+// backlog is; together they tell a stopped relay from an idle one.
+func (f *Forwarder) Health() Health {
+	h := Health{}
+	if t := f.lastPass.Load(); t > 0 {
+		h.LastPass = time.Unix(0, t)
+	}
+	if t := f.lastPublish.Load(); t > 0 {
+		h.LastPublish = time.Unix(0, t)
+	}
+	state, _ := f.circuit.state(f.cfg.Now())
+	h.CircuitOpen = state != circuitClosed
+	return h
+}
+
+func (f *Forwarder) passDone(published bool) {
+	now := f.cfg.Now().UnixNano()
+	f.lastPass.Store(now)
+	if published {
+		f.lastPublish.Store(now)
+	}
+	f.metrics.pass(published)
 }
 
 // hooks let tests provoke faults at exact points of a pass. They are nil in production.
@@ -130,8 +164,11 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 		res.Claimed += len(g)
 	}
 	if res.Claimed == 0 {
-		f.metrics.pass(false)
-		return res, tx.Commit(ctx)
+		if err := tx.Commit(ctx); err != nil {
+			return res, fmt.Errorf("commit outbox pass: %w", err)
+		}
+		f.passDone(false)
+		return res, nil
 	}
 
 	publishCtx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
@@ -162,7 +199,7 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 	res.TransportErr = out.transport
 	f.metrics.published.Add(float64(res.Published))
 	f.metrics.deadLettered.Add(float64(dead))
-	f.metrics.pass(res.Published > 0)
+	f.passDone(res.Published > 0)
 
 	if out.transport != nil {
 		retryAt := f.circuit.recordTransportFailure(f.cfg.Now(), out.transport)

@@ -1,0 +1,323 @@
+package main
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/idempotency"
+	"github.com/outboxkit/outboxkit/pipeline"
+)
+
+//go:embed schema.sql
+var demoSchema string
+
+// relayControl runs the forwarder and lets /admin/relay stop and start it.
+type relayControl struct {
+	relay  *forwarder.Forwarder
+	mu     sync.Mutex
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (c *relayControl) start(ctx context.Context) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cancel != nil {
+		return
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	c.cancel, c.done = cancel, make(chan struct{})
+	go func(done chan struct{}) {
+		defer close(done)
+		_ = c.relay.Run(runCtx)
+	}(c.done)
+}
+
+func (c *relayControl) stop() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.cancel == nil {
+		return
+	}
+	c.cancel()
+	<-c.done
+	c.cancel = nil
+}
+
+func (c *relayControl) running() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.cancel != nil
+}
+
+func run(ctx context.Context, o options) error {
+	pool, err := pgxpool.New(ctx, o.dbURL)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("cannot reach Postgres at %s: %v (start it, or pass --db)", o.dbURL, err)
+	}
+	defer pool.Close()
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	res, err := pipeline.Migrate(ctx, db, o.schema)
+	if err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, strings.ReplaceAll(demoSchema, "{{schema}}", o.schema)); err != nil {
+		return fmt.Errorf("create the demo's tables: %w", err)
+	}
+
+	// The relay gets a pool of its own, named, so --crash-after-publish can kill its sessions.
+	relayApp := fmt.Sprintf("outboxkit-demo-relay-%d", os.Getpid())
+	relayCfg, _ := pgxpool.ParseConfig(o.dbURL)
+	relayCfg.ConnConfig.RuntimeParams["application_name"] = relayApp
+	relayPool, err := pgxpool.NewWithConfig(ctx, relayCfg)
+	if err != nil {
+		return err
+	}
+	defer relayPool.Close()
+
+	var logger watermill.LoggerAdapter = watermill.NopLogger{}
+	if o.verbose {
+		logger = watermill.NewStdLogger(true, false)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	amqpPub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: o.brokerURL, Logger: logger})
+	if err != nil {
+		return fmt.Errorf("cannot reach the broker at %s: %w (start it, or pass --broker)", redact(o.brokerURL), err)
+	}
+	defer amqpPub.Close()
+	topic := o.schema + ".orders"
+	pub := &faultyPublisher{Publisher: amqpPub, failEvery: o.failPublishEvery, crashEvery: o.crashAfterPublish,
+		killRelay: func() { killSessions(pool, relayApp) }}
+	relay, err := forwarder.New(forwarder.Config{
+		Pool: relayPool, Schema: o.schema, Name: "demo", Publisher: pub, Registerer: reg, Logger: logger,
+		Backoff: forwarder.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2},
+	})
+	if err != nil {
+		return err
+	}
+	outbox, err := forwarder.NewOutbox(pool, forwarder.OutboxConfig{Schema: o.schema})
+	if err != nil {
+		return err
+	}
+
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
+	if err != nil {
+		return err
+	}
+	if err := addConsumers(router, pool, o.schema, o.brokerURL, topic, reg, o.consumerCrash, logger); err != nil {
+		return err
+	}
+	routerCtx, stopRouter := context.WithCancel(context.Background())
+	routerDone := make(chan error, 1)
+	go func() { routerDone <- router.Run(routerCtx) }()
+	defer func() { stopRouter(); <-routerDone }()
+	if err := waitRunning(ctx, router); err != nil {
+		return err
+	}
+	control := &relayControl{relay: relay}
+	control.start(context.Background())
+	defer control.stop()
+
+	idem, err := idempotency.Middleware(idempotency.Config{Pool: pool, Schema: o.schema})
+	if err != nil {
+		return err
+	}
+	orders := &orderService{pool: pool, schema: o.schema, topic: topic, poisonEvery: o.poisonEvery}
+	mux := http.NewServeMux()
+	mux.Handle("POST /orders", idem(http.HandlerFunc(orders.create)))
+	mux.HandleFunc("GET /orders/{id}", orders.get)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) })
+	mux.HandleFunc("GET /readyz", readiness(outbox, control, o.readyMaxAge))
+	mux.HandleFunc("POST /admin/relay/stop", func(w http.ResponseWriter, r *http.Request) {
+		control.stop()
+		writeJSON(w, 200, map[string]bool{"relay_running": false})
+	})
+	mux.HandleFunc("POST /admin/relay/start", func(w http.ResponseWriter, r *http.Request) {
+		control.start(context.Background())
+		writeJSON(w, 200, map[string]bool{"relay_running": true})
+	})
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (another demo running? pass --addr)", o.addr, err)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	base := "http://" + ln.Addr().String()
+	fmt.Printf("outboxkit demo on %s — POST /orders, GET /orders/{id}, /metrics, /healthz, /readyz\n", base)
+	fmt.Printf("schema %s at version %d; broker %s; consumers %s\n", o.schema, res.Version, redact(o.brokerURL),
+		strings.Join([]string{consumerNames[0].name, consumerNames[1].name, consumerNames[2].name}, ", "))
+	printFaults(o)
+
+	stopStatus := startStatusLine(ctx, pool, outbox, o)
+	defer stopStatus()
+
+	if o.orders > 0 {
+		before, err := takeSnapshot(ctx, pool, outbox, o.schema)
+		if err != nil {
+			return err
+		}
+		gen, err := placeSampleOrders(ctx, base, o)
+		if err != nil {
+			return err
+		}
+		fmt.Printf("placed %d orders (%d POSTs retried with the same Idempotency-Key, %d answered from its record)\n",
+			gen.placed, gen.retried, gen.replayed)
+		after, err := waitDrained(ctx, pool, outbox, o, before, gen.placed)
+		stopStatus()
+		fmt.Println(after.line())
+		if err != nil {
+			return err
+		}
+		fmt.Println(summary(o, before, after, gen.placed))
+	}
+	if o.serve {
+		fmt.Println("serving until interrupted (Ctrl-C)")
+		<-ctx.Done()
+	}
+	return nil
+}
+
+func printFaults(o options) {
+	var on []string
+	if o.failPublishEvery > 0 {
+		on = append(on, fmt.Sprintf("--fail-publish-every %d", o.failPublishEvery))
+	}
+	if o.crashAfterPublish > 0 {
+		on = append(on, fmt.Sprintf("--crash-after-publish %d", o.crashAfterPublish))
+	}
+	if o.poisonEvery > 0 {
+		on = append(on, fmt.Sprintf("--poison-every %d", o.poisonEvery))
+	}
+	if o.consumerCrash > 0 {
+		on = append(on, fmt.Sprintf("--consumer-crash-every %d", o.consumerCrash))
+	}
+	if len(on) > 0 {
+		fmt.Println("faults on:", strings.Join(on, ", "))
+	}
+}
+
+func readiness(outbox *forwarder.Outbox, control *relayControl, maxAge time.Duration) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		st, err := outbox.Stats(r.Context())
+		if err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"ready": false, "reason": "database: " + err.Error()})
+			return
+		}
+		body := map[string]any{"ready": true, "pending": st.Pending, "oldest_pending_age_seconds": st.OldestPendingAge.Seconds(),
+			"relay_running": control.running()}
+		if st.OldestPendingAge > maxAge {
+			body["ready"] = false
+			body["reason"] = fmt.Sprintf("the oldest pending event is %s old (limit %s): the relay is not keeping up or not running",
+				st.OldestPendingAge.Round(time.Second), maxAge)
+			writeJSON(w, http.StatusServiceUnavailable, body)
+			return
+		}
+		writeJSON(w, http.StatusOK, body)
+	}
+}
+
+func startStatusLine(ctx context.Context, pool *pgxpool.Pool, outbox *forwarder.Outbox, o options) (stop func()) {
+	if o.statusEvery <= 0 {
+		return func() {}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	start := time.Now()
+	go func() {
+		defer close(done)
+		t := time.NewTicker(o.statusEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			if s, err := takeSnapshot(ctx, pool, outbox, o.schema); err == nil {
+				fmt.Printf("[%4.0fs] %s\n", time.Since(start).Seconds(), s.line())
+			}
+		}
+	}()
+	var once sync.Once
+	return func() { once.Do(func() { cancel(); <-done }) }
+}
+
+// waitDrained waits until every consumer has handled the placed orders (processed or quarantined).
+func waitDrained(ctx context.Context, pool *pgxpool.Pool, outbox *forwarder.Outbox, o options, before snapshot, placed int) (snapshot, error) {
+	deadline := time.Now().Add(o.drainDeadline)
+	for {
+		s, err := takeSnapshot(ctx, pool, outbox, o.schema)
+		if err != nil {
+			return s, err
+		}
+		handled := true
+		for _, c := range consumerNames {
+			if s.Processed[c.name]-before.Processed[c.name]+(s.Quarantined-before.Quarantined)/int64(len(consumerNames)) < int64(placed) {
+				handled = false
+			}
+		}
+		if handled && s.Pending == 0 {
+			return s, nil
+		}
+		if time.Now().After(deadline) {
+			return s, fmt.Errorf("not every consumer handled the %d orders within %s: see GET /orders/{id} or outboxctl status", placed, o.drainDeadline)
+		}
+		select {
+		case <-ctx.Done():
+			return s, errors.New("interrupted")
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func summary(o options, before, after snapshot, placed int) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "done: %d orders placed;", placed)
+	for _, c := range consumerNames {
+		fmt.Fprintf(&b, " %s %d,", c.name, after.Processed[c.name]-before.Processed[c.name])
+	}
+	fmt.Fprintf(&b, " duplicates absorbed %d, dead letters %d.", after.Duplicates-before.Duplicates, after.Quarantined-before.Quarantined)
+	if o.poisonEvery > 0 {
+		fmt.Fprintf(&b, "\nthe poisoned events are quarantined: try `outboxctl --db '%s' --schema %s inbox dead list`", o.dbURL, o.schema)
+	}
+	return b.String()
+}
+
+func redact(u string) string {
+	if at := strings.Index(u, "@"); at > 0 {
+		if colon := strings.LastIndex(u[:at], ":"); colon > strings.Index(u, "//")+1 {
+			return u[:colon+1] + "***" + u[at:]
+		}
+	}
+	return u
+}

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/handlers"
+	"github.com/outboxkit/outboxkit/middleware"
+)
+
+type consumerSpec struct {
+	name, table, effect string
+}
+
+var consumerNames = []consumerSpec{
+	{"shipping", "shipments", "shipment created"},
+	{"billing", "invoices", "invoice issued"},
+	{"search", "search_entries", "indexed"},
+}
+
+// errSimulatedCrash is what --consumer-crash-every makes the billing handler return after writing
+// its invoice: the transaction rolls back as if the process had died before committing.
+var errSimulatedCrash = errors.New("simulated crash before commit (--consumer-crash-every)")
+
+// addConsumers subscribes Shipping, Billing and Search to topic, each behind its own inbox.
+func addConsumers(router *message.Router, pool *pgxpool.Pool, schemaName, brokerURL, topic string,
+	reg prometheus.Registerer, crashEvery int64, logger watermill.LoggerAdapter) error {
+	var billed atomic.Int64
+	effects := map[string]handlers.Func[OrderPlaced]{
+		"shipping": func(ctx context.Context, tx pgx.Tx, o OrderPlaced) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+schemaName+`.shipments (order_id) VALUES ($1)`, o.OrderID)
+			return err
+		},
+		"billing": func(ctx context.Context, tx pgx.Tx, o OrderPlaced) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO `+schemaName+`.invoices (order_id, amount_cents) VALUES ($1, $2)`,
+				o.OrderID, o.TotalCents); err != nil {
+				return err
+			}
+			if crashEvery > 0 && billed.Add(1)%crashEvery == 0 {
+				return errSimulatedCrash
+			}
+			return nil
+		},
+		"search": func(ctx context.Context, tx pgx.Tx, o OrderPlaced) error {
+			_, err := tx.Exec(ctx, `INSERT INTO `+schemaName+`.search_entries (order_id, document) VALUES ($1, $2)
+				ON CONFLICT (order_id) DO UPDATE SET document = excluded.document, updated_at = now()`,
+				o.OrderID, fmt.Sprintf("%s %s %d", o.OrderID, o.Customer, o.TotalCents))
+			return err
+		},
+	}
+	for _, c := range consumerNames {
+		sub, err := backends.NewAMQPSubscriber(backends.AMQPSubscriberConfig{URL: brokerURL, ConsumerGroup: c.name, Logger: logger})
+		if err != nil {
+			return fmt.Errorf("consumer %s: cannot reach the broker: %w", c.name, err)
+		}
+		stack, err := middleware.Stack(middleware.StackConfig{
+			Pool: pool, Schema: schemaName, Consumer: c.name, Registerer: reg, Logger: logger,
+			RetryBackoff: middleware.DefaultRetryBackoff, MaxRetries: 1,
+		})
+		if err != nil {
+			return err
+		}
+		h := router.AddConsumerHandler(c.name, topic, sub, handlers.JSON(effects[c.name]))
+		h.AddMiddleware(stack...)
+	}
+	return nil
+}
+
+// waitRunning waits until the router has subscribed every handler.
+func waitRunning(ctx context.Context, router *message.Router) error {
+	select {
+	case <-router.Running():
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-time.After(30 * time.Second):
+		return errors.New("the consumers did not start within 30s")
+	}
+}

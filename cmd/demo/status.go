@@ -1,0 +1,57 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/middleware"
+)
+
+// snapshot is one status line: what every hop has done so far.
+type snapshot struct {
+	Orders       int
+	Pending      int
+	Published    int
+	DeadLetters  int // outbox
+	Processed    map[string]int64
+	Duplicates   int64
+	Quarantined  int64 // consumers' dead letters
+	OldestAgeSec float64
+}
+
+func takeSnapshot(ctx context.Context, pool *pgxpool.Pool, ob *forwarder.Outbox, schemaName string) (snapshot, error) {
+	s := snapshot{Processed: map[string]int64{}}
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+schemaName+`.orders),
+		(SELECT count(*) FROM `+schemaName+`.outbox WHERE published_at IS NOT NULL)`).Scan(&s.Orders, &s.Published); err != nil {
+		return s, err
+	}
+	st, err := ob.Stats(ctx)
+	if err != nil {
+		return s, err
+	}
+	s.Pending, s.DeadLetters, s.OldestAgeSec = st.Pending, st.DeadLettered, st.OldestPendingAge.Seconds()
+	consumers, err := middleware.Stats(ctx, pool, schemaName)
+	if err != nil {
+		return s, err
+	}
+	for _, c := range consumers {
+		s.Processed[c.Consumer] = c.Processed
+		s.Duplicates += c.Duplicates
+		s.Quarantined += c.DeadLetters
+	}
+	return s, nil
+}
+
+func (s snapshot) line() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "orders %d | outbox pending %d, published %d, dead %d | processed", s.Orders, s.Pending, s.Published, s.DeadLetters)
+	for _, c := range consumerNames {
+		fmt.Fprintf(&b, " %s %d", c.name, s.Processed[c.name])
+	}
+	fmt.Fprintf(&b, " | duplicates absorbed %d | dead letters %d", s.Duplicates, s.Quarantined)
+	return b.String()
+}
