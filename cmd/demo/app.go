@@ -128,7 +128,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	if err := addConsumers(router, pool, o.schema, o.brokerURL, topic, reg, o.consumerCrash, logger); err != nil {
+	if err := addConsumers(router, pool, o.schema, o.brokerURL, topic, reg, o.consumerCrash, o.rejectCustomer, logger); err != nil {
 		return err
 	}
 	routerCtx, stopRouter := context.WithCancel(context.Background())
@@ -220,6 +220,9 @@ func printFaults(o options) {
 	}
 	if o.consumerCrash > 0 {
 		on = append(on, fmt.Sprintf("--consumer-crash-every %d", o.consumerCrash))
+	}
+	if o.rejectCustomer != "" {
+		on = append(on, fmt.Sprintf("--reject-customer %q", o.rejectCustomer))
 	}
 	if len(on) > 0 {
 		fmt.Println("faults on:", strings.Join(on, ", "))

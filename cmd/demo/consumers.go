@@ -34,7 +34,7 @@ var errSimulatedCrash = errors.New("simulated crash before commit (--consumer-cr
 
 // addConsumers subscribes Shipping, Billing and Search to topic, each behind its own inbox.
 func addConsumers(router *message.Router, pool *pgxpool.Pool, schemaName, brokerURL, topic string,
-	reg prometheus.Registerer, crashEvery int64, logger watermill.LoggerAdapter) error {
+	reg prometheus.Registerer, crashEvery int64, rejectCustomer string, logger watermill.LoggerAdapter) error {
 	var billed atomic.Int64
 	effects := map[string]handlers.Func[OrderPlaced]{
 		"shipping": func(ctx context.Context, tx pgx.Tx, o OrderPlaced) error {
@@ -42,6 +42,9 @@ func addConsumers(router *message.Router, pool *pgxpool.Pool, schemaName, broker
 			return err
 		},
 		"billing": func(ctx context.Context, tx pgx.Tx, o OrderPlaced) error {
+			if rejectCustomer != "" && o.Customer == rejectCustomer {
+				return handlers.Permanent(fmt.Errorf("customer %q has no billing account (--reject-customer)", o.Customer))
+			}
 			if _, err := tx.Exec(ctx, `INSERT INTO `+schemaName+`.invoices (order_id, amount_cents) VALUES ($1, $2)`,
 				o.OrderID, o.TotalCents); err != nil {
 				return err

@@ -36,6 +36,7 @@ type options struct {
 	crashAfterPublish int64
 	poisonEvery       int64
 	consumerCrash     int64
+	rejectCustomer    string
 }
 
 func main() {
@@ -57,6 +58,8 @@ func main() {
 		"the rows are published again and every inbox absorbs the duplicates")
 	flag.Int64Var(&o.poisonEvery, "poison-every", 0, "give every Nth order's event a payload no consumer can decode: each consumer quarantines it")
 	flag.Int64Var(&o.consumerCrash, "consumer-crash-every", 0, "make Billing fail before commit on every Nth message: it is rolled back and redelivered")
+	flag.StringVar(&o.rejectCustomer, "reject-customer", "", "make Billing refuse orders of this customer as permanently invalid: "+
+		"they are quarantined; restart without it and replay them with outboxctl")
 	flag.Parse()
 	if err := o.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)

@@ -189,6 +189,7 @@ type filterFlags struct {
 	since, until         *string
 	limit                *int
 	all, asJSON, dryRun  *bool
+	again                *bool
 	broker               *string
 }
 
@@ -214,6 +215,7 @@ func addFilters(fs *flag.FlagSet, side string, replay bool) *filterFlags {
 		f.dryRun = fs.Bool("dry-run", false, "list what would be replayed, change nothing")
 		if side == "inbox" {
 			f.broker = fs.String("broker", os.Getenv("OUTBOXKIT_BROKER_URL"), "broker URL to re-publish to (env OUTBOXKIT_BROKER_URL)")
+			f.again = fs.Bool("again", false, "also replay dead letters replayed before (consumers that processed them absorb them)")
 		}
 	} else {
 		f.limit = fs.Int("limit", 100, "at most this many")

@@ -58,6 +58,9 @@ func (f *filterFlags) inbox() (middleware.DeadLetterFilter, error) {
 	if f.all != nil {
 		out.All = *f.all
 	}
+	if f.again != nil {
+		out.IncludeReplayed = *f.again
+	}
 	return out, nil
 }
 

@@ -139,3 +139,23 @@ func DeclareQueue(t testing.TB, url, topic, group string) {
 		}
 	})
 }
+
+// DeleteWhenDone deletes topic's exchange and the queues of groups when the test ends, for
+// topology a program under test declared itself.
+func DeleteWhenDone(t testing.TB, url, topic string, groups ...string) {
+	t.Cleanup(func() {
+		conn, err := amqp.Dial(url)
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			return
+		}
+		for _, g := range groups {
+			_, _ = ch.QueueDelete(topic+"_"+g, false, false, false)
+		}
+		_ = ch.ExchangeDelete(topic, false, false)
+	})
+}

@@ -1,0 +1,340 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/outboxkit/outboxkit/idempotency"
+	"github.com/outboxkit/outboxkit/internal/testenv"
+)
+
+var (
+	buildOnce sync.Once
+	binDir    string
+	buildErr  error
+)
+
+// binaries builds cmd/demo and cmd/outboxctl once per test run.
+func binaries(t *testing.T) (demo, ctl string) {
+	t.Helper()
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "outboxkit-bin-")
+		if buildErr != nil {
+			return
+		}
+		for _, cmd := range []string{"demo", "outboxctl"} {
+			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, cmd), "github.com/outboxkit/outboxkit/cmd/"+cmd).CombinedOutput()
+			if err != nil {
+				buildErr = fmt.Errorf("build %s: %v\n%s", cmd, err, out)
+				return
+			}
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return filepath.Join(binDir, "demo"), filepath.Join(binDir, "outboxctl")
+}
+
+type demoProc struct {
+	url    string
+	cmd    *exec.Cmd
+	mu     sync.Mutex
+	output bytes.Buffer
+	exited chan struct{}
+}
+
+// startDemo runs the demo binary serving on a free port in schema, until stop or the test's end.
+func startDemo(t *testing.T, pg *testenv.PG, amqpURL string, args ...string) *demoProc {
+	t.Helper()
+	demo, _ := binaries(t)
+	all := append([]string{"--db", pg.URL, "--broker", amqpURL, "--schema", string(pg.Schema), "--addr", "127.0.0.1:0",
+		"--serve", "--orders", "0", "--status-every", "0"}, args...)
+	d := &demoProc{cmd: exec.Command(demo, all...), exited: make(chan struct{})}
+	stdout, _ := d.cmd.StdoutPipe()
+	d.cmd.Stderr = &lockedWriter{d}
+	if err := d.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	urls := make(chan string, 1)
+	go func() {
+		defer close(d.exited)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Text()
+			d.mu.Lock()
+			d.output.WriteString(line + "\n")
+			d.mu.Unlock()
+			if rest, ok := strings.CutPrefix(line, "outboxkit demo on "); ok {
+				urls <- strings.Fields(rest)[0]
+			}
+		}
+		_ = d.cmd.Wait()
+	}()
+	t.Cleanup(func() { d.stop(t) })
+	select {
+	case d.url = <-urls:
+	case <-d.exited:
+		t.Fatalf("demo exited at start:\n%s", d.log())
+	case <-time.After(60 * time.Second):
+		t.Fatalf("demo did not start within 60s:\n%s", d.log())
+	}
+	return d
+}
+
+type lockedWriter struct{ d *demoProc }
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.d.mu.Lock()
+	defer w.d.mu.Unlock()
+	return w.d.output.Write(p)
+}
+
+func (d *demoProc) log() string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.output.String()
+}
+
+func (d *demoProc) stop(t *testing.T) {
+	if d.cmd.Process == nil {
+		return
+	}
+	_ = d.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-d.exited:
+	case <-time.After(30 * time.Second):
+		_ = d.cmd.Process.Kill()
+		<-d.exited
+		t.Errorf("demo did not stop within 30s of SIGTERM:\n%s", d.log())
+	}
+}
+
+func (d *demoProc) placeOrder(t *testing.T, key, customer string) (int, bool) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, d.url+"/orders", strings.NewReader(fmt.Sprintf(`{"customer":%q,"total_cents":1250}`, customer)))
+	req.Header.Set(idempotency.Header, key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Errorf("POST /orders: %v", err)
+		return 0, false
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, idempotency.Replayed(resp)
+}
+
+// ctlStatus runs `outboxctl status --json`.
+type ctlStatus struct {
+	Outbox struct {
+		Pending      int `json:"pending"`
+		DeadLettered int `json:"dead_lettered"`
+	} `json:"outbox"`
+	Consumers []struct {
+		Consumer    string `json:"consumer"`
+		Processed   int    `json:"processed"`
+		Duplicates  int    `json:"duplicates"`
+		DeadLetters int    `json:"dead_letters"`
+	} `json:"consumers"`
+}
+
+func outboxctl(t *testing.T, pg *testenv.PG, args ...string) (string, int) {
+	t.Helper()
+	_, ctl := binaries(t)
+	cmd := exec.Command(ctl, append([]string{"--db", pg.URL, "--schema", string(pg.Schema)}, args...)...)
+	out, err := cmd.CombinedOutput()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return string(out), code
+}
+
+func status(t *testing.T, pg *testenv.PG) ctlStatus {
+	t.Helper()
+	out, code := outboxctl(t, pg, "status", "--json")
+	var s ctlStatus
+	if code != 0 || json.Unmarshal([]byte(out), &s) != nil {
+		t.Fatalf("outboxctl status --json: exit %d\n%s", code, out)
+	}
+	return s
+}
+
+func (s ctlStatus) consumer(name string) (processed, duplicates, dead int) {
+	for _, c := range s.Consumers {
+		if c.Consumer == name {
+			return c.Processed, c.Duplicates, c.DeadLetters
+		}
+	}
+	return 0, 0, 0
+}
+
+var demoConsumers = []string{"shipping", "billing", "search"}
+
+// 500 orders through the demo binary, 10% retried with the same key (half of those concurrently):
+// 500 orders, 500 shipments, 500 invoices, 500 search entries, no dead letters.
+func TestDemo_FiveHundredOrdersEndToEnd(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewEmptyPG(t)
+	url := testenv.AMQPURL(t)
+	testenv.DeleteWhenDone(t, url, string(pg.Schema)+".orders", demoConsumers...)
+	d := startDemo(t, pg, url)
+
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 8)
+	var mu sync.Mutex
+	replayed := 0
+	for i := 0; i < 500; i++ {
+		key := uuid.NewString()
+		sends := 1
+		if i%10 == 0 {
+			sends = 2 // a retry with the same key
+		}
+		for s := 0; s < sends; s++ {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				code, again := d.placeOrder(t, key, fmt.Sprintf("customer-%d", i))
+				if code != http.StatusCreated {
+					t.Errorf("order %d: status %d", i, code)
+				}
+				if again {
+					mu.Lock()
+					replayed++
+					mu.Unlock()
+				}
+			}()
+			if s == 0 && i%20 == 0 {
+				wg.Wait() // every other retried key: the retry comes after the first answer
+			}
+		}
+	}
+	wg.Wait()
+	if replayed != 50 {
+		t.Errorf("%d retried POSTs answered from the idempotency record, want 50", replayed)
+	}
+	testenv.Eventually(t, 120*time.Second, "every consumer to process 500 orders", func() bool {
+		s := status(t, pg)
+		for _, c := range demoConsumers {
+			if p, _, _ := s.consumer(c); p < 500 {
+				return false
+			}
+		}
+		return s.Outbox.Pending == 0
+	})
+	s := status(t, pg)
+	for _, c := range demoConsumers {
+		if p, _, dead := s.consumer(c); p != 500 || dead != 0 {
+			t.Errorf("%s: processed %d, dead letters %d; want 500 and 0", c, p, dead)
+		}
+	}
+	if s.Outbox.DeadLettered != 0 {
+		t.Errorf("%d outbox dead letters", s.Outbox.DeadLettered)
+	}
+	for table, want := range map[string]int{"orders": 500, "shipments": 500, "invoices": 500, "search_entries": 500} {
+		if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.`+table); n != want {
+			t.Errorf("%s: %d rows, want %d", table, n, want)
+		}
+	}
+}
+
+// A fault switch dead-letters a message; outboxctl lists it; after the cause is fixed, replay sends
+// it and it is processed once; replayed again it is absorbed as a duplicate.
+func TestDemo_OutboxctlDeadLetterRoundTrip(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewEmptyPG(t)
+	url := testenv.AMQPURL(t)
+	testenv.DeleteWhenDone(t, url, string(pg.Schema)+".orders", demoConsumers...)
+
+	d := startDemo(t, pg, url, "--reject-customer", "mallory")
+	if code, _ := d.placeOrder(t, uuid.NewString(), "mallory"); code != http.StatusCreated {
+		t.Fatalf("order: %d", code)
+	}
+	testenv.Eventually(t, 60*time.Second, "billing to quarantine mallory's order", func() bool {
+		_, _, dead := status(t, pg).consumer("billing")
+		return dead == 1
+	})
+	out, code := outboxctl(t, pg, "inbox", "dead", "list", "--consumer", "billing", "--json")
+	var letters []struct {
+		ID        int64
+		MessageID string
+		Reason    string
+	}
+	if code != 0 || json.Unmarshal([]byte(out), &letters) != nil || len(letters) != 1 || !strings.Contains(letters[0].Reason, "no billing account") {
+		t.Fatalf("inbox dead list: exit %d\n%s", code, out)
+	}
+
+	d.stop(t) // fix the cause: Billing accepts mallory again
+	startDemo(t, pg, url)
+	if out, code := outboxctl(t, pg, "inbox", "dead", "replay", "--consumer", "billing", "--broker", url); code != 0 || !strings.Contains(out, "replayed 1 messages") {
+		t.Fatalf("replay: exit %d\n%s", code, out)
+	}
+	testenv.Eventually(t, 60*time.Second, "the replayed message to be invoiced", func() bool {
+		return pg.Int(t, `SELECT count(*) FROM {{schema}}.invoices`) == 1
+	})
+	_, dupBefore, _ := status(t, pg).consumer("billing")
+	if out, code := outboxctl(t, pg, "inbox", "dead", "replay", "--consumer", "billing", "--again", "--broker", url); code != 0 || !strings.Contains(out, "replayed 1 messages") {
+		t.Fatalf("second replay: exit %d\n%s", code, out)
+	}
+	testenv.Eventually(t, 60*time.Second, "the second replay to be absorbed as a duplicate", func() bool {
+		_, dup, _ := status(t, pg).consumer("billing")
+		return dup == dupBefore+1
+	})
+	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.invoices`); n != 1 {
+		t.Fatalf("%d invoices after two replays, want 1", n)
+	}
+	if p, _, dead := status(t, pg).consumer("billing"); p != 1 || dead != 0 {
+		t.Fatalf("billing processed %d, dead letters %d; want 1 and 0", p, dead)
+	}
+}
+
+// /readyz turns false when the relay is stopped and the backlog ages past the threshold, and true
+// again once the relay runs and drains it.
+func TestDemo_ReadinessFollowsTheBacklog(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewEmptyPG(t)
+	url := testenv.AMQPURL(t)
+	testenv.DeleteWhenDone(t, url, string(pg.Schema)+".orders", demoConsumers...)
+	d := startDemo(t, pg, url, "--ready-max-pending-age", "1s")
+	ready := func() bool {
+		resp, err := http.Get(d.url + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK
+	}
+	if !ready() {
+		t.Fatal("not ready at start")
+	}
+	post := func(path string) {
+		resp, err := http.Post(d.url+path, "", nil)
+		if err != nil || resp.StatusCode != 200 {
+			t.Fatalf("POST %s: %v", path, err)
+		}
+		resp.Body.Close()
+	}
+	post("/admin/relay/stop")
+	d.placeOrder(t, uuid.NewString(), "ada")
+	testenv.Eventually(t, 30*time.Second, "/readyz to fail with the relay stopped", func() bool { return !ready() })
+	post("/admin/relay/start")
+	testenv.Eventually(t, 30*time.Second, "/readyz to recover once the relay drains the backlog", ready)
+}
