@@ -7,7 +7,7 @@ AMQP_URL  ?= amqp://guest:guest@127.0.0.1:5672/
 
 SERVICE_ENV = OUTBOXKIT_TEST_POSTGRES_URL='$(PG_URL)' OUTBOXKIT_TEST_AMQP_URL='$(AMQP_URL)' OUTBOXKIT_REQUIRE_SERVICES=1
 
-.PHONY: all test test-unit demo bench lint services tidy
+.PHONY: all test test-unit demo bench lint alerts services tidy
 
 all: lint test
 
@@ -33,6 +33,11 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
+
+## alerts: validate the shipped Prometheus alert rules and run their unit tests.
+alerts:
+	scripts/promtool.sh check rules deploy/prometheus/alerts.yml
+	cd deploy/prometheus && ../../scripts/promtool.sh test rules alerts_test.yml
 
 services:
 	@scripts/services.sh postgres rabbitmq

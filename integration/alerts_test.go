@@ -1,0 +1,78 @@
+package integration
+
+import (
+	"context"
+	"os"
+	"regexp"
+	"sort"
+	"testing"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/handlers"
+	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/middleware"
+)
+
+type nopPublisher struct{}
+
+func (nopPublisher) Publish(string, ...*message.Message) error { return nil }
+func (nopPublisher) Close() error                              { return nil }
+
+// Every metric the shipped alerts read must be one outboxkit exports, or a rename would silently
+// disarm an alert. promtool (make alerts) checks the rules' syntax and that they fire.
+func TestAlertsReadMetricsThatExist(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewPG(t)
+	reg := prometheus.NewRegistry()
+	writeEvents(t, pg, "orders", []string{"k"}, 1)
+	relay := newRelay(t, pg, nopPublisher{}, func(c *forwarder.Config) { c.Registerer = reg })
+	if _, err := relay.DispatchBatch(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	stack, err := middleware.Stack(middleware.StackConfig{Pool: pg.Pool, Schema: string(pg.Schema), Consumer: "billing", Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h message.HandlerFunc = func(msg *message.Message) ([]*message.Message, error) {
+		return nil, handlers.Permanent(os.ErrInvalid) // dead-lettered: every outcome series exists once any does
+	}
+	for i := len(stack) - 1; i >= 0; i-- {
+		h = stack[i](h)
+	}
+	if _, err := h(message.NewMessage("m-1", []byte(`{}`))); err != nil {
+		t.Fatal(err)
+	}
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := map[string]bool{}
+	for _, f := range families {
+		exported[f.GetName()] = true
+	}
+
+	rules, err := os.ReadFile("../deploy/prometheus/alerts.yml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := map[string]bool{}
+	for _, m := range regexp.MustCompile(`outboxkit_[a-z_]+`).FindAllString(string(rules), -1) {
+		used[m] = true
+	}
+	if len(used) < 5 {
+		t.Fatalf("found only %v in the alerts", used)
+	}
+	var missing []string
+	for name := range used {
+		if !exported[name] {
+			missing = append(missing, name)
+		}
+	}
+	sort.Strings(missing)
+	if len(missing) > 0 {
+		t.Fatalf("the alerts read metrics nothing exports: %v", missing)
+	}
+}
