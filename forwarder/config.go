@@ -9,6 +9,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/internal/schema"
@@ -114,6 +116,11 @@ type Config struct {
 
 	// Registerer receives the forwarder's Prometheus metrics. Default: no metrics are registered.
 	Registerer prometheus.Registerer
+
+	// TracerProvider makes one span per publish, linked to the trace of the transaction that wrote
+	// the row (stored in its metadata). Default otel.GetTracerProvider(), which records nothing
+	// until the application sets one.
+	TracerProvider trace.TracerProvider
 }
 
 // Retention says what happens to published rows.
@@ -181,6 +188,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
+	}
+	if c.TracerProvider == nil {
+		c.TracerProvider = otel.GetTracerProvider()
 	}
 	return c
 }

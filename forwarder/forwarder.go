@@ -24,6 +24,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outboxkit/internal/pgtext"
 	"github.com/outboxkit/outboxkit/internal/schema"
@@ -35,6 +36,7 @@ type Forwarder struct {
 	schema  schema.Name
 	q       queries
 	outbox  *Outbox
+	tracer  trace.Tracer
 	circuit *circuit
 	metrics *metrics
 	hooks   hooks
@@ -115,6 +117,7 @@ func New(cfg Config) (*Forwarder, error) {
 		schema:  name,
 		q:       outbox.q,
 		outbox:  outbox,
+		tracer:  cfg.TracerProvider.Tracer("github.com/outboxkit/outboxkit/forwarder"),
 		circuit: &circuit{backoff: cfg.CircuitBackoff},
 		started: make(chan struct{}),
 	}

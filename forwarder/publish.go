@@ -11,7 +11,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/internal/tracing"
 )
 
 // outcome is what the publishing phase of a pass did to its claimed rows.
@@ -128,8 +133,32 @@ func (f *Forwarder) publishRow(ctx context.Context, r row) (err error) {
 	if err != nil {
 		return err
 	}
-	msg.SetContext(ctx)
-	return f.cfg.Publisher.Publish(topic, msg)
+	// The publish is a trace of its own, linked to the writer's: a pass relays rows of many
+	// requests, so no single one is its parent. The message keeps the writer's context, which the
+	// consumers continue.
+	opts := []trace.SpanStartOption{
+		trace.WithSpanKind(trace.SpanKindProducer),
+		trace.WithNewRoot(),
+		trace.WithAttributes(
+			attribute.String("messaging.operation.type", "send"),
+			attribute.String("messaging.destination.name", topic),
+			attribute.String("messaging.message.id", r.uuid),
+			attribute.Int64("outboxkit.outbox.seq", r.seq),
+			attribute.Int("outboxkit.outbox.attempts", r.attempts),
+		),
+	}
+	if writer := tracing.Extract(msg.Metadata); writer.IsValid() {
+		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: writer}))
+	}
+	spanCtx, span := f.tracer.Start(ctx, "outbox publish "+topic, opts...)
+	defer span.End()
+	msg.SetContext(spanCtx)
+	if err := f.cfg.Publisher.Publish(topic, msg); err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		return err
+	}
+	return nil
 }
 
 func (f *Forwarder) toMessage(r row) (*message.Message, string, error) {

@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outboxkit"
 )
@@ -40,6 +41,8 @@ type StackConfig struct {
 
 	// Registerer receives the consumer's metrics. Default: no metrics middleware.
 	Registerer prometheus.Registerer
+	// TracerProvider adds the tracing middleware, outermost. Default: no tracing middleware.
+	TracerProvider trace.TracerProvider
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 	// Logger. Default: none.
@@ -49,7 +52,7 @@ type StackConfig struct {
 // Stack builds the recommended middleware stack for one consumer, outermost first, ready for
 // Handler.AddMiddleware (Watermill runs the first one added outermost):
 //
-//	Metrics → DeliveryCount → DeadLetter → Retry → Inbox → [OrderGuard] → handler
+//	[Tracing] → [Metrics] → DeliveryCount → DeadLetter → Retry → Inbox → [OrderGuard] → handler
 func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 	var (
 		stack []message.HandlerMiddleware
@@ -61,6 +64,9 @@ func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 			return
 		}
 		stack = append(stack, m)
+	}
+	if cfg.TracerProvider != nil {
+		add(NewTracing(TracingConfig{Consumer: cfg.Consumer, TracerProvider: cfg.TracerProvider}))
 	}
 	if cfg.Registerer != nil {
 		add(NewMetrics(MetricsConfig{Consumer: cfg.Consumer, Registerer: cfg.Registerer, Now: cfg.Now}))

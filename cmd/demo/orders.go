@@ -88,6 +88,7 @@ func (s *orderService) write(ctx context.Context, tx pgx.Tx, o OrderPlaced) erro
 		return err
 	}
 	outboxkit.SetVersion(msg, 1)
+	msg.SetContext(ctx) // the request's trace context is stored with the row
 	if n := s.placed.Add(1); s.poisonEvery > 0 && n%s.poisonEvery == 0 {
 		msg.Payload = []byte("not json") // --poison-every: consumers quarantine it
 	}
