@@ -134,7 +134,8 @@ func Middleware(cfg Config) (func(http.Handler) http.Handler, error) {
 				return
 			}
 			headers, _ := json.Marshal(rec.header)
-			if _, err := tx.Exec(ctx, record, scope, key, rec.status, headers, rec.body.Bytes()); err == nil {
+			_, err = tx.Exec(ctx, record, scope, key, rec.status, headers, rec.body.Bytes())
+			if err == nil {
 				err = tx.Commit(ctx)
 			}
 			if err != nil {
