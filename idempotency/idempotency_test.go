@@ -156,3 +156,21 @@ func TestKeyRequiredOrNot(t *testing.T) {
 	}
 
 }
+
+// When the key's record cannot be committed, the client must not be told the operation succeeded,
+// and nothing it wrote may survive.
+func TestFailedCommitIsReportedAndKeepsNothing(t *testing.T) {
+	t.Parallel()
+	srv, pg, _ := server(t, false, created)
+	pg.Exec(t, `CREATE FUNCTION {{schema}}.refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.key = 'fail-at-commit' THEN RAISE EXCEPTION 'refused at commit'; END IF; RETURN NEW; END $$`)
+	pg.Exec(t, `CREATE CONSTRAINT TRIGGER refuse AFTER INSERT ON {{schema}}.idempotency_keys
+		DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION {{schema}}.refuse()`)
+	code, body, _ := post(t, srv, "fail-at-commit", `{}`)
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "nothing was kept") {
+		t.Fatalf("got %d %s; want 503 saying nothing was kept", code, body)
+	}
+	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.orders`); n != 0 {
+		t.Fatalf("%d orders survived a failed commit", n)
+	}
+}
