@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/components/metrics"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
@@ -128,6 +129,8 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
+	// Watermill's own handler metrics (execution time, messages per handler) beside outboxkit's.
+	metrics.NewPrometheusMetricsBuilder(reg, "demo", "").AddPrometheusRouterMetrics(router)
 	if err := addConsumers(router, pool, o.schema, o.brokerURL, topic, reg, o.consumerCrash, o.rejectCustomer, logger); err != nil {
 		return err
 	}
