@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -425,6 +426,8 @@ type AMQPSubscriberConfig struct {
 	ConsumerGroup string
 	// Prefetch is how many unacknowledged messages the broker hands over at once. Default 16.
 	Prefetch int
+	// QuorumQueues declares the group's queue as a quorum queue. Default false (classic durable).
+	QuorumQueues bool
 	// Logger receives watermill-amqp's logs. Default: none.
 	Logger watermill.LoggerAdapter
 }
@@ -448,6 +451,9 @@ func NewAMQPSubscriber(cfg AMQPSubscriberConfig) (message.Subscriber, error) {
 	}
 	wcfg := wamqp.NewDurablePubSubConfig(cfg.URL, wamqp.GenerateQueueNameTopicNameWithSuffix(cfg.ConsumerGroup))
 	wcfg.Consume.Qos.PrefetchCount = cfg.Prefetch
+	if cfg.QuorumQueues {
+		wcfg.Queue.Arguments = amqp.Table{"x-queue-type": "quorum"}
+	}
 	wcfg.Connection.Reconnect = &wamqp.ReconnectConfig{
 		BackoffInitialInterval: 200 * time.Millisecond, BackoffMultiplier: 2, BackoffMaxInterval: 5 * time.Second,
 	}
@@ -466,8 +472,27 @@ func stringifyHeaders(d amqp.Delivery) amqp.Delivery {
 
 // redact hides the password of a URL for error messages.
 func redact(raw string) string {
-	if u, err := amqp.ParseURI(raw); err == nil && u.Password != "" {
-		return strings.Replace(raw, ":"+u.Password+"@", ":***@", 1)
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "***")
+			return strings.Replace(u.String(), "%2A%2A%2A", "***", 1)
+		}
 	}
 	return raw
+}
+
+func openAMQP(rawURL string, opts Options) (*Backend, error) {
+	pub, err := NewAMQPPublisher(AMQPConfig{URL: rawURL, Logger: opts.Logger})
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{
+		Publisher: pub,
+		Features:  Features{PerKeyOrder: "queue", Persistent: true, ConsumerGroups: true},
+		newSubscriber: func(group string) (message.Subscriber, error) {
+			return NewAMQPSubscriber(AMQPSubscriberConfig{URL: rawURL, ConsumerGroup: group, Prefetch: opts.Prefetch,
+				QuorumQueues: opts.QuorumQueues, Logger: opts.Logger})
+		},
+		closers: []func() error{pub.Close},
+	}, nil
 }

@@ -3,6 +3,8 @@ package testenv
 import (
 	"context"
 	"database/sql"
+	"net"
+	"strings"
 	"time"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
@@ -26,6 +28,15 @@ func probe(s *service, url string) error {
 			return err
 		}
 		return conn.Close()
+	default:
+		host := url[strings.Index(url, "://")+3:]
+		if i := strings.IndexByte(host, '/'); i >= 0 {
+			host = host[:i]
+		}
+		conn, err := net.DialTimeout("tcp", host, 5*time.Second)
+		if err != nil {
+			return err
+		}
+		return conn.Close()
 	}
-	return nil
 }

@@ -22,6 +22,9 @@ import (
 const (
 	EnvPostgres = "OUTBOXKIT_TEST_POSTGRES_URL"
 	EnvAMQP     = "OUTBOXKIT_TEST_AMQP_URL"
+	EnvNATS     = "OUTBOXKIT_TEST_NATS_URL"
+	EnvRedis    = "OUTBOXKIT_TEST_REDIS_URL"
+	EnvKafka    = "OUTBOXKIT_TEST_KAFKA_URL"
 )
 
 type service struct {
@@ -57,7 +60,33 @@ var (
 		port: "5672/tcp",
 		url:  func(hp string) string { return "amqp://guest:guest@" + hp + "/" },
 	}
+
+	natsService = &service{
+		env: EnvNATS, example: "nats://127.0.0.1:4222",
+		repository: "nats", tag: "2", cmd: []string{"-js"}, port: "4222/tcp",
+		url: func(hp string) string { return "nats://" + hp },
+	}
+	redisService = &service{
+		env: EnvRedis, example: "redis://127.0.0.1:6379/0",
+		repository: "redis", tag: "7", port: "6379/tcp",
+		url: func(hp string) string { return "redis://" + hp + "/0" },
+	}
+	kafkaService = &service{
+		env: EnvKafka, example: "kafka://127.0.0.1:9092 (go run ./tools/kfake serves one)",
+		repository: "apache/kafka", tag: "3.9.0", port: "9092/tcp",
+		envVars: []string{"KAFKA_NUM_PARTITIONS=1", "KAFKA_AUTO_CREATE_TOPICS_ENABLE=true"},
+		url:     func(hp string) string { return "kafka://" + hp },
+	}
 )
+
+// NATSURL returns the URL of a NATS server with JetStream for the test.
+func NATSURL(t testing.TB) string { return natsService.get(t) }
+
+// RedisURL returns the URL of a Redis server for the test.
+func RedisURL(t testing.TB) string { return redisService.get(t) }
+
+// KafkaURL returns kafka://host:port of a Kafka-protocol broker for the test.
+func KafkaURL(t testing.TB) string { return kafkaService.get(t) }
 
 // PostgresURL returns the URL of a Postgres server for the test.
 func PostgresURL(t testing.TB) string { return postgresService.get(t) }

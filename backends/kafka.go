@@ -1,0 +1,85 @@
+package backends
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxkit/outboxkit"
+)
+
+// kafkaKey keys each message by its partition key, so one aggregate stays on one partition, in
+// order. A message without a key gets its UUID, which spreads keyless messages over partitions.
+func kafkaKey(_ string, msg *message.Message) (string, error) {
+	if k := outboxkit.PartitionKey(msg); k != "" {
+		return k, nil
+	}
+	return msg.UUID, nil
+}
+
+func openKafka(rawURL string, opts Options) (*Backend, error) {
+	hosts := strings.TrimPrefix(rawURL, "kafka://")
+	if i := strings.IndexAny(hosts, "/?"); i >= 0 {
+		hosts = hosts[:i]
+	}
+	var brokers []string
+	for _, h := range strings.Split(hosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			if !strings.Contains(h, ":") {
+				return nil, fmt.Errorf("broker %q has no port: use kafka://host:9092[,host:9092]", h)
+			}
+			brokers = append(brokers, h)
+		}
+	}
+	if len(brokers) == 0 {
+		return nil, errors.New("no broker address: use kafka://host:9092[,host:9092]")
+	}
+	marshaler := kafka.NewWithPartitioningMarshaler(kafkaKey)
+
+	cfg := kafka.DefaultSaramaSyncPublisherConfig()
+	cfg.Producer.RequiredAcks = sarama.WaitForAll // every in-sync replica has the message
+	cfg.Producer.Idempotent = true                // the broker drops the producer's own retried duplicates
+	cfg.Net.MaxOpenRequests = 1                   // required by the idempotent producer
+	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: marshaler, OverwriteSaramaConfig: cfg}, opts.Logger)
+	if err != nil {
+		return nil, err
+	}
+	return &Backend{
+		Publisher: classifyingPublisher{Publisher: pub, classify: classifyKafka},
+		Features:  Features{PerKeyOrder: "partition", Persistent: true, ConsumerGroups: true},
+		newSubscriber: func(group string) (message.Subscriber, error) {
+			scfg := kafka.DefaultSaramaSubscriberConfig()
+			scfg.Consumer.Offsets.Initial = sarama.OffsetOldest // a new group reads what was published before it joined
+			return kafka.NewSubscriber(kafka.SubscriberConfig{
+				Brokers: brokers, Unmarshaler: marshaler, ConsumerGroup: group, OverwriteSaramaConfig: scfg,
+				// Topics created on subscribe take the broker's defaults (partitions, replication).
+				InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: -1, ReplicationFactor: -1},
+			}, opts.Logger)
+		},
+		closers: []func() error{pub.Close},
+	}, nil
+}
+
+// classifyKafka marks the errors that mean the cluster could not take the message now.
+func classifyKafka(err error) error {
+	var kerr sarama.KError
+	if errors.As(err, &kerr) {
+		switch kerr {
+		case sarama.ErrMessageSizeTooLarge, sarama.ErrInvalidMessage, sarama.ErrInvalidMessageSize,
+			sarama.ErrInvalidTopic, sarama.ErrTopicAuthorizationFailed, sarama.ErrInvalidRecord:
+			return err // the message or its topic is refused
+		}
+		return outboxkit.Transport(err) // leaders moving, replicas behind, timeouts: try later
+	}
+	for _, t := range []error{sarama.ErrOutOfBrokers, sarama.ErrNotConnected, sarama.ErrClosedClient,
+		sarama.ErrShuttingDown, sarama.ErrControllerNotAvailable} {
+		if errors.Is(err, t) {
+			return outboxkit.Transport(err)
+		}
+	}
+	return err
+}

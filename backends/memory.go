@@ -1,0 +1,56 @@
+package backends
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+)
+
+// openMemory is Watermill's GoChannel: in-process, nothing survives the process. Every
+// subscription gets every message; there are no competing consumers.
+func openMemory(rawURL string, opts Options) (*Backend, error) {
+	if rawURL != "memory://" {
+		return nil, errors.New("memory:// takes nothing after the scheme")
+	}
+	bus := gochannel.NewGoChannel(gochannel.Config{Persistent: true, OutputChannelBuffer: 1024}, opts.Logger)
+	return &Backend{
+		Publisher:     bus,
+		Features:      Features{PerKeyOrder: "queue"},
+		newSubscriber: func(string) (message.Subscriber, error) { return &memorySubscriber{bus: bus}, nil },
+		closers:       []func() error{bus.Close},
+	}, nil
+}
+
+// memorySubscriber is one consumer's view of the shared bus: closing it ends its own
+// subscriptions, while the bus lives on until the backend is closed.
+type memorySubscriber struct {
+	bus     *gochannel.GoChannel
+	mu      sync.Mutex
+	cancels []context.CancelFunc
+	closed  bool
+}
+
+func (s *memorySubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errors.New("memory subscriber is closed")
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	s.cancels = append(s.cancels, cancel)
+	return s.bus.Subscribe(ctx, topic)
+}
+
+func (s *memorySubscriber) Close() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for _, cancel := range s.cancels {
+		cancel()
+	}
+	s.cancels = nil
+	return nil
+}

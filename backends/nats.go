@@ -1,0 +1,262 @@
+package backends
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wjs "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/jetstream"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/outboxkit/outboxkit"
+)
+
+// natsStream names the stream of a topic: stream names cannot hold '.', which topics often do.
+func natsStream(topic string) string {
+	return strings.NewReplacer(".", "_", "*", "_", ">", "_", " ", "_").Replace(topic)
+}
+
+func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
+	if opts.DuplicateWindow == 0 {
+		opts.DuplicateWindow = 2 * time.Minute
+	}
+	if opts.AckWait == 0 {
+		opts.AckWait = 30 * time.Second
+	}
+	connect := func(name string) (*nats.Conn, error) {
+		return nats.Connect(rawURL, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
+			nats.Timeout(5*time.Second))
+	}
+	nc, err := connect("outboxkit-publisher")
+	if err != nil {
+		return nil, err
+	}
+	// Streams keep every message (limits retention) so that each consumer group reads all of them
+	// through its own durable consumer, and drop a message id seen within DuplicateWindow.
+	streamConfig := func(topic string) jetstream.StreamConfig {
+		return jetstream.StreamConfig{
+			Name: natsStream(topic), Subjects: []string{topic}, Storage: jetstream.FileStorage,
+			Retention: jetstream.LimitsPolicy, Duplicates: opts.DuplicateWindow,
+		}
+	}
+	inner, err := wjs.NewPublisher(wjs.PublisherConfig{Conn: nc, TrackMessageID: true, ConfigureStream: streamConfig, Logger: opts.Logger})
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	pub := &natsPublisher{Publisher: inner, js: js, streamConfig: streamConfig, ensured: map[string]bool{}}
+	return &Backend{
+		Publisher: pub,
+		Features:  Features{PerKeyOrder: "queue", BrokerDedup: true, Persistent: true, ConsumerGroups: true},
+		newSubscriber: func(group string) (message.Subscriber, error) {
+			conn, err := connect("outboxkit-" + group)
+			if err != nil {
+				return nil, err
+			}
+			js, err := jetstream.New(conn)
+			if err != nil {
+				conn.Close()
+				return nil, err
+			}
+			return &natsSubscriber{conn: conn, js: js, group: group, streamConfig: streamConfig, ackWait: opts.AckWait,
+				logger: opts.Logger, closing: make(chan struct{})}, nil
+		},
+		closers: []func() error{func() error { nc.Close(); return nil }},
+	}, nil
+}
+
+// natsSubscriber reads a topic's stream through the consumer group's durable consumer, reading
+// from the start with explicit acks; subscribers of one group share it.
+//
+// It replaces watermill-nats's JetStream subscriber, whose message handler can send on the output
+// channel after its monitor closed it when a subscription's context ends ("send on closed
+// channel", a panic that takes the consumer down at shutdown), and which leaves the message in
+// flight unacknowledged until AckWait. Here the goroutine that sends is the one that closes the
+// channel, and a message in flight when the subscription ends is nak'ed for prompt redelivery.
+// Messages are read with watermill-nats's unmarshaler: the wire format is its publisher's.
+type natsSubscriber struct {
+	conn         *nats.Conn
+	js           jetstream.JetStream
+	group        string
+	streamConfig func(string) jetstream.StreamConfig
+	ackWait      time.Duration
+	logger       watermill.LoggerAdapter
+
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{}
+	wg      sync.WaitGroup
+}
+
+func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errors.New("nats subscriber is closed")
+	}
+	cfg := s.streamConfig(topic)
+	stream, err := s.js.CreateOrUpdateStream(ctx, cfg)
+	if err != nil {
+		// Subscribers starting together race to create the stream; the loser uses the winner's.
+		if existing, serr := s.js.Stream(ctx, cfg.Name); serr == nil {
+			stream, err = existing, nil
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("stream for %s: %w", topic, err)
+	}
+	name := natsStream("outboxkit_" + s.group)
+	consumer, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+		Name: name, Durable: name, AckPolicy: jetstream.AckExplicitPolicy,
+		DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: s.ackWait,
+	})
+	if err != nil {
+		if existing, cerr := stream.Consumer(ctx, name); cerr == nil {
+			consumer, err = existing, nil
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("consumer %s on %s: %w", name, topic, err)
+	}
+	iter, err := consumer.Messages(jetstream.PullMaxMessages(16))
+	if err != nil {
+		return nil, fmt.Errorf("consume %s: %w", topic, err)
+	}
+	out := make(chan *message.Message)
+	stopped := make(chan struct{})
+	s.wg.Add(2)
+	go func() { // ends the iterator when the subscription or the subscriber ends
+		defer s.wg.Done()
+		select {
+		case <-ctx.Done():
+		case <-s.closing:
+		case <-stopped:
+		}
+		iter.Stop()
+	}()
+	go func() {
+		defer s.wg.Done()
+		defer close(out)
+		defer close(stopped)
+		for {
+			jm, err := iter.Next()
+			if err != nil {
+				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
+					return
+				}
+				s.logger.Error("Cannot read from JetStream", err, watermill.LogFields{"topic": topic})
+				continue
+			}
+			if !s.deliver(ctx, jm, out) {
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+// deliver hands one message to the consumer and settles it; false when the subscription ended.
+func (s *natsSubscriber) deliver(ctx context.Context, jm jetstream.Msg, out chan<- *message.Message) bool {
+	msg, err := wjs.DefaultUnmarshaler{}.Unmarshal(jm)
+	if err != nil {
+		s.logger.Error("Cannot unmarshal a JetStream message, terminating it", err, nil)
+		_ = jm.Term() // it can never be read: JetStream stops redelivering it
+		return true
+	}
+	msgCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	msg.SetContext(msgCtx)
+	select {
+	case out <- msg:
+	case <-ctx.Done():
+		_ = jm.Nak()
+		return false
+	case <-s.closing:
+		_ = jm.Nak()
+		return false
+	}
+	select {
+	case <-msg.Acked():
+		if err := jm.DoubleAck(context.WithoutCancel(ctx)); err != nil {
+			s.logger.Error("Cannot ack a JetStream message", err, watermill.LogFields{"message_uuid": msg.UUID})
+		}
+		return true
+	case <-msg.Nacked():
+		_ = jm.NakWithDelay(500 * time.Millisecond)
+		return true
+	case <-ctx.Done():
+		_ = jm.Nak()
+		return false
+	case <-s.closing:
+		_ = jm.Nak()
+		return false
+	}
+}
+
+// Close ends every subscription, waits for them, and closes the connection.
+func (s *natsSubscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	s.mu.Unlock()
+	s.wg.Wait()
+	s.conn.Close()
+	return nil
+}
+
+// natsPublisher makes sure a topic's stream exists before publishing to it, so that messages are
+// kept even before any consumer has subscribed, as with a Kafka topic.
+type natsPublisher struct {
+	message.Publisher
+	js           jetstream.JetStream
+	streamConfig func(string) jetstream.StreamConfig
+	mu           sync.Mutex
+	ensured      map[string]bool
+}
+
+func (p *natsPublisher) Publish(topic string, msgs ...*message.Message) error {
+	p.mu.Lock()
+	done := p.ensured[topic]
+	p.mu.Unlock()
+	if !done {
+		ctx := context.Background()
+		if len(msgs) > 0 {
+			ctx = msgs[0].Context()
+		}
+		if _, err := p.js.CreateOrUpdateStream(ctx, p.streamConfig(topic)); err != nil {
+			return classifyNATS(fmt.Errorf("stream for %s: %w", topic, err))
+		}
+		p.mu.Lock()
+		p.ensured[topic] = true
+		p.mu.Unlock()
+	}
+	if err := p.Publisher.Publish(topic, msgs...); err != nil {
+		return classifyNATS(err)
+	}
+	return nil
+}
+
+func classifyNATS(err error) error {
+	for _, t := range []error{nats.ErrConnectionClosed, nats.ErrNoServers, nats.ErrTimeout, nats.ErrConnectionDraining,
+		nats.ErrDisconnected, nats.ErrNoResponders, jetstream.ErrNoStreamResponse, context.DeadlineExceeded} {
+		if errors.Is(err, t) {
+			return outboxkit.Transport(err)
+		}
+	}
+	return err
+}

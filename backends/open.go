@@ -1,0 +1,190 @@
+package backends
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// Options tune a backend. Each field applies to the schemes its comment names; Open rejects a
+// field set for another scheme rather than ignoring it.
+type Options struct {
+	// Logger receives the adapters' logs. Default: none. All schemes.
+	Logger watermill.LoggerAdapter
+
+	// Prefetch is how many unacknowledged messages RabbitMQ hands a consumer. Default 16. amqp.
+	Prefetch int
+	// QuorumQueues declares the consumer groups' queues as quorum queues (replicated). Default
+	// false: classic durable queues. amqp.
+	QuorumQueues bool
+
+	// DuplicateWindow is how long JetStream remembers a message id to drop a duplicate publish.
+	// Default 2m. nats.
+	DuplicateWindow time.Duration
+	// AckWait is how long a consumer may hold a message before the broker redelivers it.
+	// Default 30s. nats.
+	AckWait time.Duration
+
+	// ClaimAfter is how long a message may stay pending with a consumer that stopped (crashed)
+	// before another consumer of the group claims it. Default 30s. redis.
+	ClaimAfter time.Duration
+
+	// PollInterval is how often an idle subscriber looks for new rows. Default 100ms. postgres.
+	PollInterval time.Duration
+}
+
+// Features says what a backend guarantees, for documentation and for tests.
+type Features struct {
+	// PerKeyOrder is where the broker keeps per-key order: "partition" (Kafka, by key),
+	// "queue" (one queue or stream per consumer group, in publish order), "none".
+	PerKeyOrder string
+	// BrokerDedup is set when the broker itself drops a duplicate publish of a message id.
+	BrokerDedup bool
+	// Persistent is set when messages survive a broker restart.
+	Persistent bool
+	// ConsumerGroups is set when consumers of one group share the messages (competing consumers);
+	// otherwise every subscription gets every message.
+	ConsumerGroups bool
+}
+
+// Backend is a broker opened from a URL: a Publisher for the forwarder and a subscriber per
+// consumer group for the consumers, with at-least-once settings on.
+type Backend struct {
+	// Scheme is the URL's scheme: amqp, kafka, nats, redis, postgres or memory.
+	Scheme string
+	// Publisher publishes with the broker's confirms; errors that mean the broker could not be
+	// reached are marked outboxkit.Transport.
+	Publisher message.Publisher
+	// Features are the backend's guarantees.
+	Features Features
+
+	newSubscriber func(group string) (message.Subscriber, error)
+	mu            sync.Mutex
+	closers       []func() error
+	closed        bool
+}
+
+// NewSubscriber returns a subscriber for one consumer group: every group gets every message of a
+// topic; consumers of one group share them (see Features.ConsumerGroups). Close it when done.
+func (b *Backend) NewSubscriber(consumerGroup string) (message.Subscriber, error) {
+	if consumerGroup == "" {
+		return nil, errors.New("backends: a consumer group is required: name the consuming service (e.g. \"shipping\")")
+	}
+	return b.newSubscriber(consumerGroup)
+}
+
+// Close closes the publisher and whatever the backend opened for it. Subscribers are closed by
+// their owners.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return nil
+	}
+	b.closed = true
+	var errs []error
+	for i := len(b.closers) - 1; i >= 0; i-- {
+		errs = append(errs, b.closers[i]())
+	}
+	return errors.Join(errs...)
+}
+
+// Schemes lists the broker URL forms Open understands.
+const Schemes = "amqp://user:pass@host:5672/vhost (RabbitMQ), kafka://host:9092[,host:9092] (Kafka), " +
+	"nats://host:4222 (NATS JetStream), redis://host:6379/0 (Redis Streams), " +
+	"postgres://user@host:5432/db (a watermill-sql topic), memory:// (in-process, for demos and tests)"
+
+// Open builds the backend a URL names. Teams swap brokers by changing the URL, nothing else.
+func Open(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
+	scheme, _, ok := strings.Cut(rawURL, "://")
+	if !ok || scheme == "" {
+		return nil, fmt.Errorf("broker URL %q has no scheme: use one of %s", redact(rawURL), Schemes)
+	}
+	scheme = strings.ToLower(scheme)
+	if err := opts.check(scheme); err != nil {
+		return nil, err
+	}
+	if opts.Logger == nil {
+		opts.Logger = watermill.NopLogger{}
+	}
+	var (
+		b   *Backend
+		err error
+	)
+	switch scheme {
+	case "amqp", "amqps":
+		b, err = openAMQP(rawURL, opts)
+	case "kafka":
+		b, err = openKafka(rawURL, opts)
+	case "nats", "tls":
+		b, err = openNATS(ctx, rawURL, opts)
+	case "redis", "rediss":
+		b, err = openRedis(ctx, rawURL, opts)
+	case "postgres", "postgresql":
+		b, err = openPostgres(ctx, rawURL, opts)
+	case "memory":
+		b, err = openMemory(rawURL, opts)
+	default:
+		return nil, fmt.Errorf("broker URL scheme %q is not supported: use one of %s", scheme, Schemes)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s broker %s: %w", scheme, redact(rawURL), err)
+	}
+	b.Scheme = scheme
+	return b, nil
+}
+
+// check rejects options set for a scheme they do not apply to.
+func (o Options) check(scheme string) error {
+	family := map[string]string{"amqps": "amqp", "tls": "nats", "rediss": "redis", "postgresql": "postgres"}[scheme]
+	if family == "" {
+		family = scheme
+	}
+	var wrong []string
+	set := func(name, applies string, isSet bool) {
+		if isSet && applies != family {
+			wrong = append(wrong, fmt.Sprintf("%s applies to %s:// only", name, applies))
+		}
+	}
+	set("Prefetch", "amqp", o.Prefetch != 0)
+	set("QuorumQueues", "amqp", o.QuorumQueues)
+	set("DuplicateWindow", "nats", o.DuplicateWindow != 0)
+	set("AckWait", "nats", o.AckWait != 0)
+	set("ClaimAfter", "redis", o.ClaimAfter != 0)
+	set("PollInterval", "postgres", o.PollInterval != 0)
+	if len(wrong) > 0 {
+		return fmt.Errorf("options that do not apply to %s://: %s", scheme, strings.Join(wrong, "; "))
+	}
+	if o.Prefetch < 0 || o.DuplicateWindow < 0 || o.AckWait < 0 || o.ClaimAfter < 0 || o.PollInterval < 0 {
+		return errors.New("options must not be negative")
+	}
+	return nil
+}
+
+// classifyingPublisher marks a publisher's errors as transport or message errors at the seam.
+type classifyingPublisher struct {
+	message.Publisher
+	classify func(error) error
+}
+
+func (p classifyingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.Publisher.Publish(topic, msgs...); err != nil {
+		return p.classify(err)
+	}
+	return nil
+}
+
+func parseURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("malformed URL: %w", err)
+	}
+	return u, nil
+}

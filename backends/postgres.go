@@ -1,0 +1,62 @@
+package backends
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outboxkit"
+)
+
+// openPostgres uses a watermill-sql topic (default schema: ordered, consumer groups) as the broker,
+// for teams without one: the forwarder moves rows from the outbox into it.
+func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
+	if opts.PollInterval == 0 {
+		opts.PollInterval = 100 * time.Millisecond
+	}
+	cfg, err := pgxpool.ParseConfig(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if !strings.Contains(rawURL, "pool_max_conns") {
+		// Every subscription holds a connection for its polling transaction: pgxpool's default
+		// (4 on this kind of machine) starves a handful of consumers. pool_max_conns in the URL wins.
+		cfg.MaxConns = 32
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err == nil {
+		err = pool.Ping(ctx)
+	}
+	if err != nil {
+		if pool != nil {
+			pool.Close()
+		}
+		return nil, err
+	}
+	adapter := wsql.DefaultPostgreSQLSchema{}
+	pub, err := wsql.NewPublisher(wsql.BeginnerFromPgx(pool), wsql.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, opts.Logger)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return &Backend{
+		Publisher: classifyingPublisher{Publisher: pub, classify: func(err error) error {
+			if outboxkit.IsTransport(err) {
+				return outboxkit.Transport(err)
+			}
+			return err
+		}},
+		Features: Features{PerKeyOrder: "queue", Persistent: true, ConsumerGroups: true},
+		newSubscriber: func(group string) (message.Subscriber, error) {
+			return wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
+				ConsumerGroup: group, SchemaAdapter: adapter, OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{},
+				InitializeSchema: true, PollInterval: opts.PollInterval,
+			}, opts.Logger)
+		},
+		closers: []func() error{pub.Close, func() error { pool.Close(); return nil }},
+	}, nil
+}

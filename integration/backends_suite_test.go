@@ -1,0 +1,101 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/internal/testenv"
+)
+
+// backendCase is a broker the suites run against, and what it guarantees.
+type backendCase struct {
+	scheme   string
+	url      func(t testing.TB) string
+	features tests.Features
+	// shared: subscribers made without a group share one (they compete for messages), as in
+	// the adapter's own suite; otherwise each gets a group of its own (every message).
+	shared bool
+	opts   backends.Options
+}
+
+var backendCases = []backendCase{
+	{"amqp", testenv.AMQPURL, tests.Features{
+		ConsumerGroups: true, GuaranteedOrder: true, GuaranteedOrderWithSingleSubscriber: true, Persistent: true,
+	}, true, backends.Options{}},
+	{"kafka", testenv.KafkaURL, tests.Features{
+		ConsumerGroups: true, GuaranteedOrder: false, GuaranteedOrderWithSingleSubscriber: true, Persistent: true,
+		NewSubscriberReceivesOldMessages: true,
+	}, false, backends.Options{}},
+	// A stopped subscription nak's the message it was handling, but the up to 16 it had prefetched
+	// come back only after AckWait, as with any prefetching JetStream consumer. The suite wants
+	// them within 15s, so it runs with a 2s AckWait (watermill-nats's own suite uses 1s).
+	{"nats", testenv.NATSURL, tests.Features{
+		ConsumerGroups: true, GuaranteedOrder: false, GuaranteedOrderWithSingleSubscriber: true, Persistent: true,
+		NewSubscriberReceivesOldMessages: true,
+	}, false, backends.Options{AckWait: 2 * time.Second}},
+	{"redis", testenv.RedisURL, tests.Features{
+		ConsumerGroups: true, GuaranteedOrder: false, GuaranteedOrderWithSingleSubscriber: true, Persistent: true,
+		NewSubscriberReceivesOldMessages: true,
+	}, false, backends.Options{}},
+	// Declared as watermill-sql declares its default Postgres schema: the subscriber's transaction
+	// covers the ack and the offset.
+	{"postgres", testenv.PostgresURL, tests.Features{
+		ConsumerGroups: true, ExactlyOnceDelivery: true, GuaranteedOrder: true, GuaranteedOrderWithSingleSubscriber: true,
+		Persistent: true,
+	}, true, backends.Options{}},
+	// Declared as Watermill declares its GoChannel: one instance, nothing persisted.
+	{"memory", func(testing.TB) string { return "memory://" }, tests.Features{
+		ExactlyOnceDelivery: true, RequireSingleInstance: true,
+	}, false, backends.Options{}},
+}
+
+// openBackend opens the backend for a test and closes it when the test ends.
+func openBackend(t *testing.T, rawURL string, opts backends.Options) *backends.Backend {
+	t.Helper()
+	b, err := backends.Open(context.Background(), rawURL, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// Watermill's universal Pub/Sub suite, against each backend exactly as backends.Open builds it.
+func TestBackends_WatermillUniversalSuite(t *testing.T) {
+	for _, bc := range backendCases {
+		t.Run(bc.scheme, func(t *testing.T) {
+			t.Parallel()
+			url := bc.url(t)
+			features := bc.features
+			features.ForceShort = true // the short variant: the suite's many scenarios, with fewer messages each
+			features.GenerateTopicFunc = func(tctx tests.TestContext) string {
+				return strings.ToLower(fmt.Sprintf("suite_%s_%s", bc.scheme, tctx.TestID))
+			}
+			constructor := func(t *testing.T, group string) (message.Publisher, message.Subscriber) {
+				b := openBackend(t, url, bc.opts) // in memory, each pair is a broker of its own
+				if group == "" {
+					group = "g_" + watermill.NewShortUUID()
+					if bc.shared {
+						group = "shared"
+					}
+				}
+				sub, err := b.NewSubscriber(group)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return b.Publisher, sub
+			}
+			tests.TestPubSub(t, features,
+				func(t *testing.T) (message.Publisher, message.Subscriber) { return constructor(t, "") },
+				constructor)
+		})
+	}
+}
