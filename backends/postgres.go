@@ -37,7 +37,9 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 		}
 		return nil, err
 	}
-	adapter := wsql.DefaultPostgreSQLSchema{}
+	// BYTEA, not the default JSON: an outbox carries whatever bytes the writer stored (protobuf,
+	// Avro, plain text), and a JSON column would refuse them at the broker after the outbox took them.
+	adapter := wsql.DefaultPostgreSQLSchema{GeneratePayloadType: func(string) string { return "BYTEA" }}
 	pub, err := wsql.NewPublisher(wsql.BeginnerFromPgx(pool), wsql.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, opts.Logger)
 	if err != nil {
 		pool.Close()
