@@ -4,8 +4,13 @@ GO        ?= go
 PKGS      ?= ./...
 PG_URL    ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 AMQP_URL  ?= amqp://guest:guest@127.0.0.1:5672/
+NATS_URL  ?= nats://127.0.0.1:4222
+REDIS_URL ?= redis://127.0.0.1:6379/0
+KAFKA_URL ?= kafka://127.0.0.1:9092
 
-SERVICE_ENV = OUTBOXKIT_TEST_POSTGRES_URL='$(PG_URL)' OUTBOXKIT_TEST_AMQP_URL='$(AMQP_URL)' OUTBOXKIT_REQUIRE_SERVICES=1
+SERVICE_ENV = OUTBOXKIT_TEST_POSTGRES_URL='$(PG_URL)' OUTBOXKIT_TEST_AMQP_URL='$(AMQP_URL)' \
+	OUTBOXKIT_TEST_NATS_URL='$(NATS_URL)' OUTBOXKIT_TEST_REDIS_URL='$(REDIS_URL)' \
+	OUTBOXKIT_TEST_KAFKA_URL='$(KAFKA_URL)' OUTBOXKIT_REQUIRE_SERVICES=1
 
 .PHONY: all test test-unit demo bench lint alerts services tidy
 
@@ -18,10 +23,12 @@ test: services
 ## test-unit: the tests that need no service (the others skip, naming the variable they need).
 test-unit:
 	env -u CI -u OUTBOXKIT_REQUIRE_SERVICES -u OUTBOXKIT_TEST_POSTGRES_URL -u OUTBOXKIT_TEST_AMQP_URL \
+		-u OUTBOXKIT_TEST_NATS_URL -u OUTBOXKIT_TEST_REDIS_URL -u OUTBOXKIT_TEST_KAFKA_URL \
 		$(GO) test -race -count=1 $(PKGS)
 
 ## demo: orders → outbox → forwarder → RabbitMQ → consumer, printed hop by hop.
-demo: services
+demo:
+	@scripts/services.sh postgres rabbitmq
 	$(GO) run ./cmd/demo $(DEMO_ARGS)
 
 ## bench: forwarder drain rate against stock Watermill and the raw broker, side by side.
@@ -40,7 +47,7 @@ alerts:
 	cd deploy/prometheus && ../../scripts/promtool.sh test rules alerts_test.yml
 
 services:
-	@scripts/services.sh postgres rabbitmq
+	@scripts/services.sh
 
 tidy:
 	$(GO) mod tidy

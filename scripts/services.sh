@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Make sure the local services the tests and the demo need are up; start any that is down.
-# Usage: scripts/services.sh [postgres] [rabbitmq] [nats] [redis]   (default: postgres rabbitmq)
+# Usage: scripts/services.sh [postgres] [rabbitmq] [nats] [redis] [kafka]   (default: all of them)
+#
+# kafka is franz-go's kfake (tools/kfake), a Kafka-protocol server built and started from this
+# repository: no Kafka broker package exists for these machines. It keeps topics in memory.
 set -euo pipefail
 
 services=("$@")
-[ ${#services[@]} -gt 0 ] || services=(postgres rabbitmq)
+[ ${#services[@]} -gt 0 ] || services=(postgres rabbitmq nats redis kafka)
+root=$(cd "$(dirname "$0")/.." && pwd)
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 
@@ -49,8 +53,15 @@ for s in "${services[@]}"; do
     redis)
       ensure redis 6379 redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no
       ;;
+    kafka)
+      if ! port_open 9092; then
+        mkdir -p "$root/.cache"
+        (cd "$root/tools/kfake" && go build -o "$root/.cache/kfake" .)
+        ensure kafka 9092 bash -c "setsid nohup '$root/.cache/kfake' -addr 127.0.0.1:9092 >'$root/.cache/kfake.log' 2>&1 < /dev/null &"
+      fi
+      ;;
     *)
-      echo "services: unknown service $s (known: postgres rabbitmq nats redis)" >&2
+      echo "services: unknown service $s (known: postgres rabbitmq nats redis kafka)" >&2
       exit 2
       ;;
   esac
