@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	wjs "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/jetstream"
+	wmnats "github.com/ThreeDotsLabs/watermill-nats/v2/pkg/nats"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -45,17 +46,12 @@ func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error
 			Retention: jetstream.LimitsPolicy, Duplicates: opts.DuplicateWindow,
 		}
 	}
-	inner, err := wjs.NewPublisher(wjs.PublisherConfig{Conn: nc, TrackMessageID: true, ConfigureStream: streamConfig, Logger: opts.Logger})
-	if err != nil {
-		nc.Close()
-		return nil, err
-	}
 	js, err := jetstream.New(nc)
 	if err != nil {
 		nc.Close()
 		return nil, err
 	}
-	pub := &natsPublisher{Publisher: inner, js: js, streamConfig: streamConfig, ensured: map[string]bool{}}
+	pub := &natsPublisher{js: js, streamConfig: streamConfig, ensured: map[string]bool{}}
 	return &Backend{
 		Publisher: pub,
 		Features:  Features{PerKeyOrder: "queue", BrokerDedup: true, Persistent: true, ConsumerGroups: true},
@@ -220,11 +216,17 @@ func (s *natsSubscriber) Close() error {
 }
 
 // natsPublisher makes sure a topic's stream exists before publishing to it, so that messages are
-// kept even before any consumer has subscribed, as with a Kafka topic.
+// kept even before any consumer has subscribed, as with a Kafka topic, and publishes each message
+// with Nats-Msg-Id = its UUID, waiting for the stream's ack within the message's context.
+//
+// It replaces watermill-nats's JetStream publisher, which publishes to a subject named after the
+// stream rather than the topic (a topic holding '.' - "orders.placed" - lands on no stream: "no
+// response from stream") and waits for acks without the message's deadline. The wire format is
+// the same (its NATSMarshaler), so watermill-nats subscribers read what this publishes.
 type natsPublisher struct {
-	message.Publisher
 	js           jetstream.JetStream
 	streamConfig func(string) jetstream.StreamConfig
+	marshaler    wmnats.NATSMarshaler
 	mu           sync.Mutex
 	ensured      map[string]bool
 }
@@ -245,11 +247,24 @@ func (p *natsPublisher) Publish(topic string, msgs ...*message.Message) error {
 		p.ensured[topic] = true
 		p.mu.Unlock()
 	}
-	if err := p.Publisher.Publish(topic, msgs...); err != nil {
-		return classifyNATS(err)
+	for _, m := range msgs {
+		nm, err := p.marshaler.Marshal(topic, m)
+		if err != nil {
+			return fmt.Errorf("marshal message %s: %w", m.UUID, err)
+		}
+		if nm.Header == nil {
+			nm.Header = nats.Header{}
+		}
+		nm.Header.Set(nats.MsgIdHdr, m.UUID)
+		if _, err := p.js.PublishMsg(m.Context(), nm); err != nil {
+			return classifyNATS(fmt.Errorf("publish %s to %s: %w", m.UUID, topic, err))
+		}
 	}
 	return nil
 }
+
+// Close does nothing: the connection belongs to the Backend.
+func (p *natsPublisher) Close() error { return nil }
 
 func classifyNATS(err error) error {
 	for _, t := range []error{nats.ErrConnectionClosed, nats.ErrNoServers, nats.ErrTimeout, nats.ErrConnectionDraining,

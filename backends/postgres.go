@@ -2,6 +2,8 @@ package backends
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"strings"
 	"time"
 
@@ -39,7 +41,13 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 	}
 	// BYTEA, not the default JSON: an outbox carries whatever bytes the writer stored (protobuf,
 	// Avro, plain text), and a JSON column would refuse them at the broker after the outbox took them.
-	adapter := wsql.DefaultPostgreSQLSchema{GeneratePayloadType: func(string) string { return "BYTEA" }}
+	adapter := wsql.DefaultPostgreSQLSchema{
+		GeneratePayloadType:       func(string) string { return "BYTEA" },
+		GenerateMessagesTableName: func(topic string) string { return pgTable("watermill_", topic) },
+	}
+	offsets := wsql.DefaultPostgreSQLOffsetsAdapter{
+		GenerateMessagesOffsetsTableName: func(topic string) string { return pgTable("watermill_offsets_", topic) },
+	}
 	pub, err := wsql.NewPublisher(wsql.BeginnerFromPgx(pool), wsql.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, opts.Logger)
 	if err != nil {
 		pool.Close()
@@ -55,10 +63,23 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 		Features: Features{PerKeyOrder: "queue", Persistent: true, ConsumerGroups: true},
 		newSubscriber: func(group string) (message.Subscriber, error) {
 			return wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
-				ConsumerGroup: group, SchemaAdapter: adapter, OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{},
+				ConsumerGroup: group, SchemaAdapter: adapter, OffsetsAdapter: offsets,
 				InitializeSchema: true, PollInterval: opts.PollInterval,
 			}, opts.Logger)
 		},
 		closers: []func() error{pub.Close, func() error { pool.Close(); return nil }},
 	}, nil
+}
+
+// pgTable names a topic's table as watermill-sql does ("watermill_" + topic) while that fits in
+// Postgres's 63-byte identifiers. A longer name would be cut silently by Postgres, and two topics
+// sharing the first 63 bytes would share one table - their offsets mixed, messages skipped - so
+// a long name keeps its start and ends with a hash of the whole topic.
+func pgTable(prefix, topic string) string {
+	name := prefix + topic
+	if len(name) > 63 {
+		sum := sha256.Sum256([]byte(topic))
+		name = name[:63-17] + "_" + hex.EncodeToString(sum[:8])
+	}
+	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
 }

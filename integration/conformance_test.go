@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/internal/testenv"
@@ -84,9 +85,6 @@ func TestConformance_EveryBackend(t *testing.T) {
 	t.Log(b.String())
 }
 
-// msgKey carries the message itself to the handler, which records its id, key and sequence.
-type msgKey struct{}
-
 // keepsOrderThroughCrash says where per-key order must hold even across the consumer crash: the
 // broker redelivers what the dead consumer held before anything behind it.
 var keepsOrderThroughCrash = map[string]bool{"amqp": true, "kafka": true, "postgres": true}
@@ -94,14 +92,13 @@ var keepsOrderThroughCrash = map[string]bool{"amqp": true, "kafka": true, "postg
 func runConformance(t *testing.T, bc backendCase) conformanceResult {
 	pg := testenv.NewPG(t)
 	url := bc.url(t)
-	pg.Exec(t, `CREATE TABLE {{schema}}.effects (n bigserial PRIMARY KEY, consumer text NOT NULL,
-		message_id text NOT NULL, key text NOT NULL, seq bigint NOT NULL, UNIQUE (consumer, message_id))`)
+	createEffects(t, pg)
 	opts := bc.opts
 	if bc.scheme == "redis" {
 		opts.ClaimAfter = 2 * time.Second // the crashed consumer's pending messages move on quickly
 	}
 	b := openBackend(t, url, opts)
-	topic := testenv.UniqueName(t, "conf")
+	topic := testenv.UniqueName(t, "conf") + ".placed" // dotted, as topics usually are
 	if bc.scheme == "amqp" {
 		for _, g := range []string{"shipping", "billing"} {
 			testenv.DeclareQueue(t, url, topic, g) // queues exist before the first publish
@@ -111,56 +108,16 @@ func runConformance(t *testing.T, bc backendCase) conformanceResult {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	consume := func(group string) (stop func()) {
-		sub, err := b.NewSubscriber(group)
-		if err != nil {
-			t.Fatal(err)
-		}
-		stack, err := middleware.Stack(middleware.StackConfig{Pool: pg.Pool, Schema: string(pg.Schema), Consumer: group, MaxRetries: -1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		effects := pg.Schema.Ident() + ".effects"
-		h := router.AddConsumerHandler(group, topic, sub, handlers.JSON(func(ctx context.Context, tx pgx.Tx, _ map[string]any) error {
-			m := ctx.Value(msgKey{}).(*message.Message)
-			seq, _ := strconv.ParseInt(m.Metadata.Get(outboxkit.MetadataSeq), 10, 64)
-			_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (consumer, message_id, key, seq) VALUES ($1, $2, $3, $4)`,
-				group, m.UUID, outboxkit.PartitionKey(m), seq)
-			return err
-		}))
-		h.AddMiddleware(append(stack, func(next message.HandlerFunc) message.HandlerFunc {
-			return func(m *message.Message) ([]*message.Message, error) {
-				m.SetContext(context.WithValue(m.Context(), msgKey{}, m))
-				return next(m)
-			}
-		})...)
-		rctx, rcancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); _ = router.Run(rctx) }()
-		select {
-		case <-router.Running():
-		case <-time.After(60 * time.Second):
-			t.Fatalf("%s consumer did not start", group)
-		}
-		return func() { rcancel(); <-done; _ = sub.Close() }
-	}
-	stopShipping := consume("shipping")
-	defer func() { stopShipping() }()
+	consume := func(group string) (stop func()) { return startEffectConsumer(t, ctx, pg, b, topic, group) }
+	consume("shipping")
 	stopBilling := consume("billing")
-	defer func() { stopBilling() }()
 
 	writeEvents(t, pg, topic, keys(conformanceKeys), conformanceEvents/conformanceKeys)
 	pub := &duplicatingPublisher{Publisher: b.Publisher}
 	relay := newRelay(t, pg, pub, func(c *forwarder.Config) { c.BatchSize = 200 })
 	run(t, relay)
 
-	count := func(group string) int {
-		return pg.Int(t, `SELECT count(*) FROM {{schema}}.effects WHERE consumer = $1`, group)
-	}
+	count := func(group string) int { return countEffects(t, pg, group) }
 	testenv.Eventually(t, 120*time.Second, "billing to be halfway", func() bool { return count("billing") >= conformanceEvents/2 })
 	stopBilling() // the crash: messages in flight are redelivered to the next billing process
 	stopBilling = consume("billing")
@@ -197,4 +154,62 @@ func runConformance(t *testing.T, bc backendCase) conformanceResult {
 		t.Error("no duplicate was published: the test proves nothing about deduplication")
 	}
 	return res
+}
+
+// createEffects makes the table the effect consumers write to: one row per applied event.
+func createEffects(t *testing.T, pg *testenv.PG) {
+	pg.Exec(t, `CREATE TABLE {{schema}}.effects (n bigserial PRIMARY KEY, consumer text NOT NULL,
+		message_id text NOT NULL, key text NOT NULL, seq bigint NOT NULL, UNIQUE (consumer, message_id))`)
+}
+
+func countEffects(t *testing.T, pg *testenv.PG, group string) int {
+	return pg.Int(t, `SELECT count(*) FROM {{schema}}.effects WHERE consumer = $1`, group)
+}
+
+// msgKey carries the message itself to the handler, which records its id, key and sequence.
+type msgKey struct{}
+
+// startEffectConsumer runs a consumer group behind the full middleware stack whose effect is a
+// row in effects (unique per consumer and message: a duplicate effect fails loudly). stop ends it
+// as a crash would, without acknowledging what it holds.
+func startEffectConsumer(t *testing.T, ctx context.Context, pg *testenv.PG, b *backends.Backend, topic, group string) (stop func()) {
+	t.Helper()
+	sub, err := b.NewSubscriber(group)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stack, err := middleware.Stack(middleware.StackConfig{Pool: pg.Pool, Schema: string(pg.Schema), Consumer: group, MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	effects := pg.Schema.Ident() + ".effects"
+	h := router.AddConsumerHandler(group, topic, sub, handlers.JSON(func(ctx context.Context, tx pgx.Tx, _ map[string]any) error {
+		m := ctx.Value(msgKey{}).(*message.Message)
+		seq, _ := strconv.ParseInt(m.Metadata.Get(outboxkit.MetadataSeq), 10, 64)
+		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (consumer, message_id, key, seq) VALUES ($1, $2, $3, $4)`,
+			group, m.UUID, outboxkit.PartitionKey(m), seq)
+		return err
+	}))
+	h.AddMiddleware(append(stack, func(next message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			m.SetContext(context.WithValue(m.Context(), msgKey{}, m))
+			return next(m)
+		}
+	})...)
+	rctx, rcancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = router.Run(rctx) }()
+	select {
+	case <-router.Running():
+	case <-time.After(60 * time.Second):
+		t.Fatalf("%s consumer did not start", group)
+	}
+	var once sync.Once
+	stop = func() { once.Do(func() { rcancel(); <-done; _ = sub.Close() }) }
+	t.Cleanup(stop)
+	return stop
 }

@@ -105,13 +105,13 @@ func run(ctx context.Context, o options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	amqpPub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: o.brokerURL, Logger: logger})
+	broker, err := backends.Open(ctx, o.brokerURL, backends.Options{Logger: logger})
 	if err != nil {
-		return fmt.Errorf("cannot reach the broker at %s: %w (start it, or pass --broker)", redact(o.brokerURL), err)
+		return fmt.Errorf("cannot open the broker at %s: %w (start it, or pass --broker)", redact(o.brokerURL), err)
 	}
-	defer amqpPub.Close()
+	defer broker.Close()
 	topic := o.schema + ".orders"
-	pub := &faultyPublisher{Publisher: amqpPub, failEvery: o.failPublishEvery, crashEvery: o.crashAfterPublish,
+	pub := &faultyPublisher{Publisher: broker.Publisher, failEvery: o.failPublishEvery, crashEvery: o.crashAfterPublish,
 		killRelay: func() { killSessions(pool, relayApp) }}
 	relay, err := forwarder.New(forwarder.Config{
 		Pool: relayPool, Schema: o.schema, Name: "demo", Publisher: pub, Registerer: reg, Logger: logger,
@@ -131,7 +131,7 @@ func run(ctx context.Context, o options) error {
 	}
 	// Watermill's own handler metrics (execution time, messages per handler) beside outboxkit's.
 	metrics.NewPrometheusMetricsBuilder(reg, "demo", "").AddPrometheusRouterMetrics(router)
-	if err := addConsumers(router, pool, o.schema, o.brokerURL, topic, reg, o.consumerCrash, o.rejectCustomer, logger); err != nil {
+	if err := addConsumers(router, pool, o.schema, broker, topic, reg, o.consumerCrash, o.rejectCustomer, logger); err != nil {
 		return err
 	}
 	routerCtx, stopRouter := context.WithCancel(context.Background())

@@ -33,7 +33,7 @@ var consumerNames = []consumerSpec{
 var errSimulatedCrash = errors.New("simulated crash before commit (--consumer-crash-every)")
 
 // addConsumers subscribes Shipping, Billing and Search to topic, each behind its own inbox.
-func addConsumers(router *message.Router, pool *pgxpool.Pool, schemaName, brokerURL, topic string,
+func addConsumers(router *message.Router, pool *pgxpool.Pool, schemaName string, broker *backends.Backend, topic string,
 	reg prometheus.Registerer, crashEvery int64, rejectCustomer string, logger watermill.LoggerAdapter) error {
 	var billed atomic.Int64
 	effects := map[string]handlers.Func[OrderPlaced]{
@@ -62,9 +62,9 @@ func addConsumers(router *message.Router, pool *pgxpool.Pool, schemaName, broker
 		},
 	}
 	for _, c := range consumerNames {
-		sub, err := backends.NewAMQPSubscriber(backends.AMQPSubscriberConfig{URL: brokerURL, ConsumerGroup: c.name, Logger: logger})
+		sub, err := broker.NewSubscriber(c.name)
 		if err != nil {
-			return fmt.Errorf("consumer %s: cannot reach the broker: %w", c.name, err)
+			return fmt.Errorf("consumer %s: cannot subscribe: %w", c.name, err)
 		}
 		stack, err := middleware.Stack(middleware.StackConfig{
 			Pool: pool, Schema: schemaName, Consumer: c.name, Registerer: reg, Logger: logger,

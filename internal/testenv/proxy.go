@@ -50,6 +50,9 @@ func ProxyURL(t testing.TB, rawURL string) (*Proxy, string) {
 	return p, u.String()
 }
 
+// Addr is the proxy's host:port.
+func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
 // Cut drops every open connection and refuses new ones until Restore.
 func (p *Proxy) Cut() {
 	p.mu.Lock()
