@@ -5,14 +5,17 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"unicode/utf8"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/internal/schema"
+	"github.com/outboxkit/outboxkit/internal/tracing"
 )
 
 // maxMessagesPerPublish keeps one INSERT under Postgres's 65,535 bind parameters (five per row).
@@ -134,11 +137,21 @@ func outboxRow(i int, topic string, msg *message.Message) ([]any, error) {
 		}
 		key = k
 	}
-	metadata, err := json.Marshal(msg.Metadata)
+	md := msg.Metadata
+	if !tracing.Has(md) && trace.SpanContextFromContext(msg.Context()).IsValid() {
+		// The writer's trace context travels with the row (W3C traceparent/tracestate), so the
+		// relay can link its publish to the request and the consumers can continue its trace.
+		// Written into a copy: the caller's message stays as it was given.
+		withTrace := make(message.Metadata, len(md)+2)
+		maps.Copy(withTrace, md)
+		tracing.Inject(msg.Context(), withTrace)
+		md = withTrace
+	}
+	metadata, err := json.Marshal(md)
 	if err != nil {
 		return nil, invalid("metadata cannot be encoded as JSON: %v", err)
 	}
-	if msg.Metadata == nil {
+	if md == nil {
 		metadata = []byte("{}")
 	}
 	payload := []byte(msg.Payload)

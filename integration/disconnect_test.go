@@ -1,0 +1,110 @@
+package integration
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/internal/testenv"
+)
+
+// Every backend this machine can interrupt loses its connections (the relay's and the consumer's)
+// for a while mid-stream: nothing is lost, nothing is applied twice, and the pipeline resumes by
+// itself once the broker answers again - no restart, no operator.
+func TestDisconnect_EveryBackendResumesByItself(t *testing.T) {
+	cases := []struct {
+		scheme string
+		proxy  func(t *testing.T) (*testenv.Proxy, string)
+		opts   backends.Options
+	}{
+		{"amqp", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.AMQPURL(t)) }, backends.Options{}},
+		{"nats", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.NATSURL(t)) }, backends.Options{AckWait: 2 * time.Second}},
+		{"redis", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.RedisURL(t)) }, backends.Options{ClaimAfter: 2 * time.Second}},
+		{"kafka", kafkaBehindProxy, backends.Options{}},
+	}
+	for _, c := range cases {
+		t.Run(c.scheme, func(t *testing.T) {
+			t.Parallel()
+			proxy, url := c.proxy(t)
+			runDisconnect(t, c.scheme, proxy, url, c.opts)
+		})
+	}
+}
+
+func runDisconnect(t *testing.T, scheme string, proxy *testenv.Proxy, url string, opts backends.Options) {
+	const perPhase, nKeys = 200, 10
+	pg := testenv.NewPG(t)
+	createEffects(t, pg)
+	b := openBackend(t, url, opts)
+	topic := testenv.UniqueName(t, "disc") + ".placed"
+	if scheme == "amqp" {
+		testenv.DeclareQueue(t, testenv.AMQPURL(t), topic, "app")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	startEffectConsumer(t, ctx, pg, b, topic, "app")
+	relay := newRelay(t, pg, b.Publisher, func(c *forwarder.Config) {
+		c.PublishTimeout = 2 * time.Second // a publish into the cut connection gives up soon
+	})
+	run(t, relay)
+
+	writeEvents(t, pg, topic, keys(nKeys), perPhase/nKeys)
+	testenv.Eventually(t, 60*time.Second, "the first events to be applied", func() bool { return countEffects(t, pg, "app") >= perPhase/2 })
+
+	proxy.Cut()
+	writeEvents(t, pg, topic, keys(nKeys), perPhase/nKeys) // written during the outage
+	testenv.Eventually(t, 60*time.Second, "the relay to notice the outage", func() bool { return relay.Health().CircuitOpen })
+	proxy.Restore()
+
+	testenv.Eventually(t, 120*time.Second, "every event to be applied after the outage", func() bool {
+		return countEffects(t, pg, "app") >= 2*perPhase
+	})
+	testenv.Eventually(t, 30*time.Second, "the outbox to be drained", func() bool {
+		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE published_at IS NULL`) == 0
+	})
+	if n := countEffects(t, pg, "app"); n != 2*perPhase {
+		t.Errorf("%d effects applied, want exactly %d", n, 2*perPhase)
+	}
+}
+
+// kafkaBehindProxy starts a kfake broker of the test's own that tells its clients to dial a proxy
+// in front of it: Kafka clients connect to the address the broker advertises, so a proxy in front
+// of the shared broker would only cut the first connection.
+func kafkaBehindProxy(t *testing.T) (*testenv.Proxy, string) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	listen := ln.Addr().String()
+	_ = ln.Close()
+	proxy := testenv.NewProxy(t, listen)
+
+	bin := filepath.Join(t.TempDir(), "kfake")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir = filepath.Join("..", "tools", "kfake")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build tools/kfake: %v\n%s", err, out)
+	}
+	cmd := exec.Command(bin, "-addr", proxy.Addr(), "-listen", listen)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	testenv.Eventually(t, 30*time.Second, "kfake to listen on "+listen, func() bool {
+		c, err := net.DialTimeout("tcp", listen, time.Second)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	})
+	return proxy, "kafka://" + strings.TrimPrefix(proxy.Addr(), "tcp://")
+}
