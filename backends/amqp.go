@@ -416,51 +416,6 @@ func (p *AMQPPublisher) Close() error {
 	return nil
 }
 
-// AMQPSubscriberConfig configures a consumer group on RabbitMQ.
-type AMQPSubscriberConfig struct {
-	// URL is the broker. Required.
-	URL string
-	// ConsumerGroup names the consumer (Shipping, Billing…). Each group has its own durable queue,
-	// named "<topic>_<group>", bound to the topic's exchange, so every group gets every message.
-	// Required.
-	ConsumerGroup string
-	// Prefetch is how many unacknowledged messages the broker hands over at once. Default 16.
-	Prefetch int
-	// QuorumQueues declares the group's queue as a quorum queue. Default false (classic durable).
-	QuorumQueues bool
-	// Logger receives watermill-amqp's logs. Default: none.
-	Logger watermill.LoggerAdapter
-}
-
-// NewAMQPSubscriber builds a watermill-amqp subscriber for one consumer group. A nacked message is
-// requeued and delivered again. Headers RabbitMQ adds that are not strings (x-delivery-count on
-// quorum queues, x-death after dead-lettering) are turned into strings instead of failing the
-// whole delivery.
-func NewAMQPSubscriber(cfg AMQPSubscriberConfig) (message.Subscriber, error) {
-	if cfg.URL == "" {
-		return nil, errors.New("amqp subscriber: URL is required, e.g. amqp://guest:guest@127.0.0.1:5672/")
-	}
-	if cfg.ConsumerGroup == "" {
-		return nil, errors.New("amqp subscriber: ConsumerGroup is required: name the consuming service (e.g. \"shipping\")")
-	}
-	if cfg.Prefetch == 0 {
-		cfg.Prefetch = 16
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{} // watermill-amqp's Close dereferences it unchecked
-	}
-	wcfg := wamqp.NewDurablePubSubConfig(cfg.URL, wamqp.GenerateQueueNameTopicNameWithSuffix(cfg.ConsumerGroup))
-	wcfg.Consume.Qos.PrefetchCount = cfg.Prefetch
-	if cfg.QuorumQueues {
-		wcfg.Queue.Arguments = amqp.Table{"x-queue-type": "quorum"}
-	}
-	wcfg.Connection.Reconnect = &wamqp.ReconnectConfig{
-		BackoffInitialInterval: 200 * time.Millisecond, BackoffMultiplier: 2, BackoffMaxInterval: 5 * time.Second,
-	}
-	wcfg.Marshaler = wamqp.DefaultMarshaler{PreprocessDelivery: stringifyHeaders}
-	return wamqp.NewSubscriber(wcfg, cfg.Logger)
-}
-
 func stringifyHeaders(d amqp.Delivery) amqp.Delivery {
 	for k, v := range d.Headers {
 		if _, ok := v.(string); !ok {

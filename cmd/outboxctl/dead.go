@@ -181,7 +181,7 @@ func (e *env) deadReplay(ctx context.Context, side string, args []string) error 
 		return err
 	}
 	if side == "inbox" && !*ff.dryRun && *ff.broker == "" {
-		return usagef("inbox dead replay re-publishes to the broker: pass --broker amqp://user:pass@host:5672/ or set OUTBOXKIT_BROKER_URL")
+		return usagef("inbox dead replay re-publishes to the broker: pass --broker URL (amqp://, kafka://, nats://, redis://, postgres://) or set OUTBOXKIT_BROKER_URL")
 	}
 	pool, err := e.connect(ctx)
 	if err != nil {
@@ -227,11 +227,12 @@ func (e *env) deadReplay(ctx context.Context, side string, args []string) error 
 		fmt.Fprintf(e.stdout, "dry run: %d messages would be replayed\n", len(letters))
 		return nil
 	}
-	pub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: *ff.broker})
+	broker, err := backends.Open(ctx, *ff.broker, backends.Options{})
 	if err != nil {
 		return err
 	}
-	defer pub.Close()
+	defer broker.Close()
+	pub := broker.Publisher
 	filter.Limit = 1 << 30
 	letters, err := middleware.ReplayDeadLetters(ctx, middleware.ReplayConfig{Pool: pool, Schema: e.schema, Publisher: pub}, filter)
 	for _, d := range letters {

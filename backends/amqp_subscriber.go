@@ -1,0 +1,326 @@
+package backends
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	"github.com/ThreeDotsLabs/watermill/message"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxkit/outboxkit"
+)
+
+// AMQPSubscriberConfig configures a consumer group on RabbitMQ.
+type AMQPSubscriberConfig struct {
+	// URL is the broker. Required.
+	URL string
+	// ConsumerGroup names the consumer (Shipping, Billing…). Each group has its own durable queue,
+	// named "<topic>_<group>", bound to the topic's exchange, so every group gets every message.
+	// Required.
+	ConsumerGroup string
+	// Prefetch is how many unacknowledged messages the broker hands over at once. Default 16.
+	Prefetch int
+	// QuorumQueues declares the group's queue as a quorum queue. Default false (classic durable).
+	QuorumQueues bool
+	// Reconnect paces the attempts to reach the broker again after a lost connection.
+	// Default 200ms doubling to 5s.
+	Reconnect outboxkit.Backoff
+	// DialTimeout bounds a connection attempt. Default 5s.
+	DialTimeout time.Duration
+	// Heartbeat is the AMQP heartbeat interval, which detects a dead connection. Default 10s.
+	Heartbeat time.Duration
+	// Logger receives connection events. Default: none.
+	Logger watermill.LoggerAdapter
+}
+
+// NewAMQPSubscriber builds a subscriber for one consumer group: the topology of watermill-amqp's
+// NewDurablePubSubConfig (a durable fanout exchange per topic, a durable queue per topic and group),
+// manual acknowledgements, and watermill-amqp's message format, so it reads what AMQPPublisher and
+// watermill-amqp's publisher write. A nacked message is requeued and delivered again; so is one in
+// flight when its subscription ends. Headers RabbitMQ adds that are not strings (x-delivery-count on
+// quorum queues, x-death after dead-lettering) are turned into strings instead of failing the whole
+// delivery. After a lost connection every subscription resumes by itself.
+//
+// It replaces watermill-amqp's subscriber, whose connection wrapper reassigns its state while
+// reconnecting without synchronisation (a data race on every broker blip, reported upstream as
+// ThreeDotsLabs/watermill#693) and whose Close dereferences a nil logger.
+func NewAMQPSubscriber(cfg AMQPSubscriberConfig) (message.Subscriber, error) {
+	if cfg.URL == "" {
+		return nil, errors.New("amqp subscriber: URL is required, e.g. amqp://guest:guest@127.0.0.1:5672/")
+	}
+	if _, err := amqp.ParseURI(cfg.URL); err != nil {
+		return nil, fmt.Errorf("amqp subscriber: URL %q: %w (want amqp://user:pass@host:5672/vhost)", redact(cfg.URL), err)
+	}
+	if cfg.ConsumerGroup == "" {
+		return nil, errors.New("amqp subscriber: ConsumerGroup is required: name the consuming service (e.g. \"shipping\")")
+	}
+	if cfg.Prefetch == 0 {
+		cfg.Prefetch = 16
+	}
+	if cfg.Reconnect == (outboxkit.Backoff{}) {
+		cfg.Reconnect = outboxkit.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2}
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 5 * time.Second
+	}
+	if cfg.Heartbeat == 0 {
+		cfg.Heartbeat = 10 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = watermill.NopLogger{}
+	}
+	if cfg.Prefetch < 0 || cfg.DialTimeout < 0 || cfg.Heartbeat < 0 {
+		return nil, errors.New("amqp subscriber: Prefetch, DialTimeout and Heartbeat must not be negative")
+	}
+	if err := cfg.Reconnect.Validate("Reconnect"); err != nil {
+		return nil, fmt.Errorf("amqp subscriber: %w", err)
+	}
+	return &amqpSubscriber{
+		cfg:       cfg,
+		marshaler: wamqp.DefaultMarshaler{PreprocessDelivery: stringifyHeaders},
+		queue:     wamqp.GenerateQueueNameTopicNameWithSuffix(cfg.ConsumerGroup),
+		closing:   make(chan struct{}),
+	}, nil
+}
+
+type amqpSubscriber struct {
+	cfg       AMQPSubscriberConfig
+	marshaler wamqp.DefaultMarshaler
+	queue     wamqp.QueueNameGenerator
+
+	mu      sync.Mutex
+	conn    *amqp.Connection
+	closed  bool
+	closing chan struct{}
+	wg      sync.WaitGroup
+}
+
+// connection returns the live connection, dialing when there is none.
+func (s *amqpSubscriber) connection() (*amqp.Connection, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errors.New("amqp subscriber is closed")
+	}
+	if s.conn != nil && !s.conn.IsClosed() {
+		return s.conn, nil
+	}
+	conn, err := amqp.DialConfig(s.cfg.URL, amqp.Config{
+		Heartbeat:  s.cfg.Heartbeat,
+		Properties: amqp.Table{"connection_name": "outboxkit-" + s.cfg.ConsumerGroup},
+		Dial:       amqp.DefaultDial(s.cfg.DialTimeout),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", redact(s.cfg.URL), err)
+	}
+	s.conn = conn
+	return conn, nil
+}
+
+// declare makes the topic's exchange and the group's queue, bound, on ch.
+func (s *amqpSubscriber) declare(ch *amqp.Channel, topic string) (string, error) {
+	if err := ch.ExchangeDeclare(topic, "fanout", true, false, false, false, nil); err != nil {
+		return "", fmt.Errorf("declare exchange %s: %w", topic, err)
+	}
+	queue := s.queue(topic)
+	var args amqp.Table
+	if s.cfg.QuorumQueues {
+		args = amqp.Table{"x-queue-type": "quorum"}
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
+		return "", fmt.Errorf("declare queue %s: %w", queue, err)
+	}
+	if err := ch.QueueBind(queue, "", topic, false, nil); err != nil {
+		return "", fmt.Errorf("bind queue %s to %s: %w", queue, topic, err)
+	}
+	return queue, nil
+}
+
+// SubscribeInitialize declares the topic's exchange and the group's queue, so that messages
+// published before the first Subscribe are kept for the group.
+func (s *amqpSubscriber) SubscribeInitialize(topic string) error {
+	conn, err := s.connection()
+	if err != nil {
+		return fmt.Errorf("amqp subscriber: %w", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("amqp subscriber: open channel: %w", err)
+	}
+	defer ch.Close()
+	_, err = s.declare(ch, topic)
+	return err
+}
+
+// consume opens a channel with its prefetch and starts consuming the group's queue.
+func (s *amqpSubscriber) consume(topic string) (*amqp.Channel, <-chan amqp.Delivery, error) {
+	conn, err := s.connection()
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, nil, fmt.Errorf("open channel: %w", err)
+	}
+	queue, err := s.declare(ch, topic)
+	if err == nil {
+		err = ch.Qos(s.cfg.Prefetch, 0, false)
+	}
+	var deliveries <-chan amqp.Delivery
+	if err == nil {
+		deliveries, err = ch.Consume(queue, "", false, false, false, false, nil)
+	}
+	if err != nil {
+		_ = ch.Close()
+		return nil, nil, err
+	}
+	return ch, deliveries, nil
+}
+
+// Subscribe declares the queue and starts consuming before it returns, so a message published
+// after it is delivered. The channel closes when ctx ends or the subscriber is closed.
+func (s *amqpSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errors.New("amqp subscriber is closed")
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	ch, deliveries, err := s.consume(topic)
+	if err != nil {
+		s.wg.Done()
+		return nil, fmt.Errorf("amqp subscriber %s on %s: %w", s.cfg.ConsumerGroup, topic, err)
+	}
+	out := make(chan *message.Message)
+	go func() {
+		defer s.wg.Done()
+		defer close(out)
+		fields := watermill.LogFields{"topic": topic, "consumer_group": s.cfg.ConsumerGroup}
+		for {
+			s.forward(ctx, deliveries, out, fields)
+			_ = ch.Close()
+			if !s.reconnect(ctx, topic, fields, &ch, &deliveries) {
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+// forward hands deliveries to the consumer one at a time until the subscription ends or the
+// channel is lost.
+func (s *amqpSubscriber) forward(ctx context.Context, deliveries <-chan amqp.Delivery, out chan<- *message.Message, fields watermill.LogFields) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.closing:
+			return
+		case d, ok := <-deliveries:
+			if !ok {
+				return
+			}
+			if !s.deliver(ctx, d, out, fields) {
+				return
+			}
+		}
+	}
+}
+
+// deliver hands one delivery over and settles it: ack on Ack, requeue on Nack or when the
+// subscription ends first. False when the subscription ended.
+func (s *amqpSubscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, fields watermill.LogFields) bool {
+	msg, err := s.marshaler.Unmarshal(d)
+	if err != nil {
+		// The wire format is broken beyond what a handler can see: requeueing would loop forever,
+		// so the broker gets it back unrequeued (dead-lettered where the queue has a DLX).
+		s.cfg.Logger.Error("Cannot read AMQP delivery, rejecting it", err, fields.Add(watermill.LogFields{"message_id": d.MessageId}))
+		_ = d.Reject(false)
+		return true
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	msg.SetContext(mctx)
+	select {
+	case out <- msg:
+	case <-ctx.Done():
+		_ = d.Nack(false, true)
+		return false
+	case <-s.closing:
+		_ = d.Nack(false, true)
+		return false
+	}
+	select {
+	case <-msg.Acked():
+		if err := d.Ack(false); err != nil {
+			// The channel is gone: the broker requeues the message and it comes again.
+			s.cfg.Logger.Info("Ack not sent, the message will be delivered again", fields.Add(watermill.LogFields{"err": err}))
+		}
+		return true
+	case <-msg.Nacked():
+		_ = d.Nack(false, true)
+		return true
+	case <-ctx.Done():
+		_ = d.Nack(false, true)
+		return false
+	case <-s.closing:
+		_ = d.Nack(false, true)
+		return false
+	}
+}
+
+// reconnect waits, with backoff, until the topic can be consumed again. False when the
+// subscription ended first.
+func (s *amqpSubscriber) reconnect(ctx context.Context, topic string, fields watermill.LogFields,
+	ch **amqp.Channel, deliveries *<-chan amqp.Delivery) bool {
+	for attempt := 1; ; attempt++ {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-s.closing:
+			return false
+		default:
+		}
+		c, d, err := s.consume(topic)
+		if err == nil {
+			s.cfg.Logger.Info("Consuming again after a lost AMQP channel", fields)
+			*ch, *deliveries = c, d
+			return true
+		}
+		wait := s.cfg.Reconnect.Delay(attempt)
+		s.cfg.Logger.Error("Cannot consume from AMQP, retrying", err, fields.Add(watermill.LogFields{"retry_in": wait}))
+		select {
+		case <-ctx.Done():
+			return false
+		case <-s.closing:
+			return false
+		case <-time.After(wait):
+		}
+	}
+}
+
+// Close ends every subscription (what they hold is requeued), waits for them and closes the
+// connection.
+func (s *amqpSubscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	s.mu.Unlock()
+	s.wg.Wait()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn != nil && !s.conn.IsClosed() {
+		return s.conn.CloseDeadline(time.Now().Add(s.cfg.DialTimeout))
+	}
+	return nil
+}
