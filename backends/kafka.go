@@ -1,13 +1,20 @@
 package backends
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"os"
 	"strings"
+	"syscall"
+	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/eapache/go-resiliency/breaker"
 
 	"github.com/outboxkit/outboxkit"
 )
@@ -44,12 +51,14 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 	cfg.Producer.RequiredAcks = sarama.WaitForAll // every in-sync replica has the message
 	cfg.Producer.Idempotent = true                // the broker drops the producer's own retried duplicates
 	cfg.Net.MaxOpenRequests = 1                   // required by the idempotent producer
+	cfg.Net.DialTimeout = 5 * time.Second         // Sarama's 30s hides an unreachable broker for long
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: marshaler, OverwriteSaramaConfig: cfg}, opts.Logger)
 	if err != nil {
 		return nil, err
 	}
+	bounded := &boundedPublisher{Publisher: pub, classify: classifyKafka}
 	return &Backend{
-		Publisher: classifyingPublisher{Publisher: pub, classify: classifyKafka},
+		Publisher: bounded,
 		Features:  Features{PerKeyOrder: "partition", Persistent: true, ConsumerGroups: true},
 		newSubscriber: func(group string) (message.Subscriber, error) {
 			scfg := kafka.DefaultSaramaSubscriberConfig()
@@ -60,7 +69,7 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 				InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: -1, ReplicationFactor: -1},
 			}, opts.Logger)
 		},
-		closers: []func() error{pub.Close},
+		closers: []func() error{bounded.Close},
 	}, nil
 }
 
@@ -75,11 +84,18 @@ func classifyKafka(err error) error {
 		}
 		return outboxkit.Transport(err) // leaders moving, replicas behind, timeouts: try later
 	}
+	// Sarama's own circuit breaker opens after a few failed requests to a broker: the cluster is
+	// unreachable, not the message wrong. So are lost connections and timeouts.
 	for _, t := range []error{sarama.ErrOutOfBrokers, sarama.ErrNotConnected, sarama.ErrClosedClient,
-		sarama.ErrShuttingDown, sarama.ErrControllerNotAvailable} {
+		sarama.ErrShuttingDown, sarama.ErrControllerNotAvailable, breaker.ErrBreakerOpen,
+		io.EOF, io.ErrUnexpectedEOF, syscall.ECONNRESET, syscall.ECONNREFUSED, syscall.EPIPE,
+		context.DeadlineExceeded, os.ErrDeadlineExceeded} {
 		if errors.Is(err, t) {
 			return outboxkit.Transport(err)
 		}
+	}
+	if _, ok := errors.AsType[net.Error](err); ok {
+		return outboxkit.Transport(err)
 	}
 	return err
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxkit/outboxkit"
 )
 
 // Options tune a backend. Each field applies to the schemes its comment names; Open rejects a
@@ -179,6 +181,51 @@ func (p classifyingPublisher) Publish(topic string, msgs ...*message.Message) er
 		return p.classify(err)
 	}
 	return nil
+}
+
+// boundedPublisher returns from Publish when the first message's context ends, for clients whose
+// publish takes no context (Sarama's SyncProducer retries for as long as its own settings say,
+// tens of seconds into an outage, and the forwarder's pass would wait with it). The abandoned call
+// runs on until the client gives up; if it succeeds after all, the row is published again later
+// and the inbox absorbs the duplicate. Close waits for such calls, so none outlives it.
+type boundedPublisher struct {
+	message.Publisher
+	classify func(error) error
+	wg       sync.WaitGroup
+}
+
+func (p *boundedPublisher) Publish(topic string, msgs ...*message.Message) error {
+	ctx := context.Background()
+	if len(msgs) > 0 {
+		ctx = msgs[0].Context()
+	}
+	if ctx.Done() == nil {
+		if err := p.Publisher.Publish(topic, msgs...); err != nil {
+			return p.classify(err)
+		}
+		return nil
+	}
+	done := make(chan error, 1)
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		done <- p.Publisher.Publish(topic, msgs...)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			return p.classify(err)
+		}
+		return nil
+	case <-ctx.Done():
+		return outboxkit.Transport(fmt.Errorf("publish to %s not acknowledged before its deadline: %w", topic, context.Cause(ctx)))
+	}
+}
+
+func (p *boundedPublisher) Close() error {
+	err := p.Publisher.Close()
+	p.wg.Wait()
+	return err
 }
 
 func parseURL(raw string) (*url.URL, error) {
