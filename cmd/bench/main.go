@@ -2,7 +2,7 @@
 // against the local Postgres and RabbitMQ. Every figure is the median of several repetitions;
 // every comparison is a ratio of two figures measured in the same round.
 //
-//	go run ./cmd/bench [--events 20000] [--keys 200] [--reps 3] [--json bench-results/drain.json]
+//	go run ./cmd/bench [--scenario drain|consumer|backends|all] [--events 20000] [--keys 200] [--reps 3]
 package main
 
 import (
@@ -27,6 +27,7 @@ type config struct {
 	relays           int
 	scenario         string
 	consumerEvents   int
+	backendURLs      string
 }
 
 func main() {
@@ -41,7 +42,8 @@ func main() {
 	flag.IntVar(&c.batch, "batch", 0, "forwarder BatchSize (0: the default)")
 	flag.IntVar(&c.inFlight, "inflight", 0, "forwarder MaxInFlight (0: the default)")
 	flag.IntVar(&c.relays, "relays", 1, "forwarders draining the outbox at once")
-	flag.StringVar(&c.scenario, "scenario", "all", "what to measure: drain, consumer or all")
+	flag.StringVar(&c.scenario, "scenario", "all", "what to measure: drain, consumer, backends or all")
+	flag.StringVar(&c.backendURLs, "backends", defaultBackendURLs, "comma-separated broker URLs for --scenario backends")
 	flag.IntVar(&c.consumerEvents, "consumer-events", 5000, "messages preloaded for each consumer measurement")
 	flag.Parse()
 	if c.events < 1 || c.keys < 1 || c.reps < 1 {
@@ -73,8 +75,15 @@ func run(ctx context.Context, c config) error {
 		}
 		results = append(results, r...)
 	}
+	if c.scenario == "backends" || c.scenario == "all" {
+		r, err := benchBackends(ctx, c)
+		if err != nil {
+			return err
+		}
+		results = append(results, r...)
+	}
 	if len(results) == 0 {
-		return fmt.Errorf("unknown --scenario %q: use drain, consumer or all", c.scenario)
+		return fmt.Errorf("unknown --scenario %q: use drain, consumer, backends or all", c.scenario)
 	}
 	if c.jsonPath != "" {
 		if err := os.MkdirAll(filepath.Dir(c.jsonPath), 0o755); err != nil {
