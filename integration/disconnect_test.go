@@ -63,7 +63,9 @@ func runDisconnect(t *testing.T, scheme string, proxy *testenv.Proxy, url string
 	testenv.Eventually(t, 60*time.Second, "the relay to notice the outage", func() bool { return relay.Health().CircuitOpen })
 	proxy.Restore()
 
-	dead := func() int { return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE dead_lettered_at IS NOT NULL`) }
+	dead := func() int {
+		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE dead_lettered_at IS NOT NULL`)
+	}
 	testenv.Eventually(t, 60*time.Second, "every event to be applied after the outage", func() bool {
 		return countEffects(t, pg, "app") >= 2*perPhase || dead() > 0
 	})
