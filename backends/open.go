@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -226,12 +225,4 @@ func (p *boundedPublisher) Close() error {
 	err := p.Publisher.Close()
 	p.wg.Wait()
 	return err
-}
-
-func parseURL(raw string) (*url.URL, error) {
-	u, err := url.Parse(raw)
-	if err != nil {
-		return nil, fmt.Errorf("malformed URL: %w", err)
-	}
-	return u, nil
 }
