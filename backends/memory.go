@@ -31,6 +31,7 @@ type memorySubscriber struct {
 	mu      sync.Mutex
 	cancels []context.CancelFunc
 	closed  bool
+	relays  relays // GoChannel closes a cancelled subscription's channel later, in a goroutine of its own
 }
 
 func (s *memorySubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -41,16 +42,22 @@ func (s *memorySubscriber) Subscribe(ctx context.Context, topic string) (<-chan 
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	s.cancels = append(s.cancels, cancel)
-	return s.bus.Subscribe(ctx, topic)
+	in, err := s.bus.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	return s.relays.relay(ctx, in), nil
 }
 
 func (s *memorySubscriber) Close() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	for _, cancel := range s.cancels {
-		cancel()
-	}
-	s.cancels = nil
-	return nil
+	return s.relays.close(func() error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.closed = true
+		for _, cancel := range s.cancels {
+			cancel()
+		}
+		s.cancels = nil
+		return nil
+	})
 }

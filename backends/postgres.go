@@ -62,14 +62,36 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 		}},
 		Features: Features{PerKeyOrder: "queue", Persistent: true, ConsumerGroups: true},
 		newSubscriber: func(group string) (message.Subscriber, error) {
-			return wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
+			sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
 				ConsumerGroup: group, SchemaAdapter: adapter, OffsetsAdapter: offsets,
 				InitializeSchema: true, PollInterval: opts.PollInterval,
 			}, opts.Logger)
+			if err != nil {
+				return nil, err
+			}
+			return &pgSubscriber{Subscriber: sub}, nil
 		},
 		closers: []func() error{pub.Close, func() error { pool.Close(); return nil }},
 	}, nil
 }
+
+// pgSubscriber is watermill-sql's subscriber with a Close that returns only once every channel it
+// handed out is closed: v4.1.5's Close waits for its consume loops, but each loop signals done
+// before its goroutine closes the channel, so Close could return with the channel still open.
+type pgSubscriber struct {
+	*wsql.Subscriber // SubscribeInitialize as is
+	relays           relays
+}
+
+func (s *pgSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	in, err := s.Subscriber.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	return s.relays.relay(ctx, in), nil
+}
+
+func (s *pgSubscriber) Close() error { return s.relays.close(s.Subscriber.Close) }
 
 // pgTable names a topic's table as watermill-sql does ("watermill_" + topic) while that fits in
 // Postgres's 63-byte identifiers. A longer name would be cut silently by Postgres, and two topics

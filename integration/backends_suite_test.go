@@ -99,3 +99,37 @@ func TestBackends_WatermillUniversalSuite(t *testing.T) {
 		})
 	}
 }
+
+// Close must close every channel Subscribe handed out before it returns (Watermill's Subscriber
+// contract): a router or a test that drains the channel after Close must never block. Repeated,
+// because a library that closes its channel after signalling done loses the race only sometimes.
+func TestBackends_CloseClosesEveryChannelBeforeReturning(t *testing.T) {
+	for _, bc := range backendCases {
+		t.Run(bc.scheme, func(t *testing.T) {
+			t.Parallel()
+			b := openBackend(t, bc.url(t), bc.opts)
+			topic := "close_" + bc.scheme + "_" + watermill.NewShortUUID()
+			for i := range 30 {
+				sub, err := b.NewSubscriber("g_close")
+				if err != nil {
+					t.Fatal(err)
+				}
+				msgs, err := sub.Subscribe(context.Background(), topic)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := sub.Close(); err != nil {
+					t.Fatal(err)
+				}
+				select {
+				case _, open := <-msgs:
+					if open {
+						t.Fatalf("round %d: a message arrived on an empty topic after Close", i)
+					}
+				default:
+					t.Fatalf("round %d: Close returned with the subscription's channel still open", i)
+				}
+			}
+		})
+	}
+}

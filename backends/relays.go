@@ -1,0 +1,54 @@
+package backends
+
+import (
+	"context"
+	"sync"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+)
+
+// relays hands each subscription out through a channel of its own, so that a subscriber's Close
+// returns only once every channel it handed out is closed - Watermill's Subscriber contract, on
+// which a router draining its channels after Close relies. Messages pass one by one, unbuffered:
+// acks and nacks reach the library's own message unchanged. The zero value is ready to use.
+type relays struct {
+	once, closeOnce sync.Once
+	closing         chan struct{}
+	wg              sync.WaitGroup
+}
+
+func (r *relays) init() { r.once.Do(func() { r.closing = make(chan struct{}) }) }
+
+// relay returns a channel that carries in's messages and is closed when in is, when ctx ends, or
+// when close is called.
+func (r *relays) relay(ctx context.Context, in <-chan *message.Message) <-chan *message.Message {
+	r.init()
+	out := make(chan *message.Message)
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		defer close(out)
+		for msg := range in {
+			select {
+			case out <- msg:
+			case <-r.closing:
+				// Never handed over and never acked: the library redelivers it (or, for the
+				// in-memory bus, it ends with the subscription, as it would have anyway).
+				return
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out
+}
+
+// close stops handing messages out, closes the library's subscriber and waits until every
+// channel from relay is closed.
+func (r *relays) close(closeInner func() error) error {
+	r.init()
+	r.closeOnce.Do(func() { close(r.closing) })
+	err := closeInner()
+	r.wg.Wait()
+	return err
+}
