@@ -2,7 +2,7 @@
 // against the local Postgres and RabbitMQ. Every figure is the median of several repetitions;
 // every comparison is a ratio of two figures measured in the same round.
 //
-//	go run ./cmd/bench [--scenario drain|consumer|backends|all] [--events 20000] [--keys 200] [--reps 3]
+//	go run ./cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|all] [--reps 3]
 package main
 
 import (
@@ -14,6 +14,8 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -28,6 +30,10 @@ type config struct {
 	scenario         string
 	consumerEvents   int
 	backendURLs      string
+	writeFor, e2eFor time.Duration
+	claimPending     int
+	claimSamples     int
+	claimHistory     []int
 }
 
 func main() {
@@ -42,10 +48,23 @@ func main() {
 	flag.IntVar(&c.batch, "batch", 0, "forwarder BatchSize (0: the default)")
 	flag.IntVar(&c.inFlight, "inflight", 0, "forwarder MaxInFlight (0: the default)")
 	flag.IntVar(&c.relays, "relays", 1, "forwarders draining the outbox at once")
-	flag.StringVar(&c.scenario, "scenario", "all", "what to measure: drain, consumer, backends or all")
+	flag.StringVar(&c.scenario, "scenario", "all", "what to measure: "+strings.Join(scenarioNames, ", ")+" or all")
+	flag.DurationVar(&c.writeFor, "write-for", 5*time.Second, "length of each write-path measurement")
+	flag.DurationVar(&c.e2eFor, "e2e-for", 20*time.Second, "length of each end-to-end run at a fixed rate")
+	flag.IntVar(&c.claimPending, "claim-pending", 100, "pending rows one timed claim dispatches")
+	flag.IntVar(&c.claimSamples, "claim-samples", 30, "timed claims per history size")
+	history := flag.String("claim-history", "0,1000000,5000000", "published rows the outbox holds for each claim measurement")
 	flag.StringVar(&c.backendURLs, "backends", defaultBackendURLs, "comma-separated broker URLs for --scenario backends")
 	flag.IntVar(&c.consumerEvents, "consumer-events", 5000, "messages preloaded for each consumer measurement")
 	flag.Parse()
+	for _, f := range strings.Split(*history, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 {
+			fmt.Fprintf(os.Stderr, "bench: --claim-history: %q is not a row count\n", f)
+			os.Exit(2)
+		}
+		c.claimHistory = append(c.claimHistory, n)
+	}
 	if c.events < 1 || c.keys < 1 || c.reps < 1 {
 		fmt.Fprintln(os.Stderr, "bench: --events, --keys and --reps must be at least 1")
 		os.Exit(2)
@@ -61,29 +80,20 @@ func main() {
 func run(ctx context.Context, c config) error {
 	fmt.Printf("outboxkit bench — %s, %d CPUs, %s\n", runtime.GOOS+"/"+runtime.GOARCH, runtime.NumCPU(), time.Now().UTC().Format(time.RFC3339))
 	var results []series
-	if c.scenario == "drain" || c.scenario == "all" {
-		r, err := benchDrain(ctx, c)
+	ran := false
+	for _, sc := range scenarios {
+		if c.scenario != sc.name && c.scenario != "all" {
+			continue
+		}
+		ran = true
+		r, err := sc.run(ctx, c)
 		if err != nil {
-			return err
+			return fmt.Errorf("%s: %w", sc.name, err)
 		}
 		results = append(results, r...)
 	}
-	if c.scenario == "consumer" || c.scenario == "all" {
-		r, err := benchConsumer(ctx, c)
-		if err != nil {
-			return err
-		}
-		results = append(results, r...)
-	}
-	if c.scenario == "backends" || c.scenario == "all" {
-		r, err := benchBackends(ctx, c)
-		if err != nil {
-			return err
-		}
-		results = append(results, r...)
-	}
-	if len(results) == 0 {
-		return fmt.Errorf("unknown --scenario %q: use drain, consumer, backends or all", c.scenario)
+	if !ran {
+		return fmt.Errorf("unknown --scenario %q: use %s or all", c.scenario, strings.Join(scenarioNames, ", "))
 	}
 	if c.jsonPath != "" {
 		if err := os.MkdirAll(filepath.Dir(c.jsonPath), 0o755); err != nil {
@@ -100,6 +110,28 @@ func run(ctx context.Context, c config) error {
 	}
 	return nil
 }
+
+// scenarios run in this order under --scenario all.
+var scenarios = []struct {
+	name string
+	run  func(context.Context, config) ([]series, error)
+}{
+	{"write", benchWritePath},
+	{"drain", benchDrain},
+	{"e2e", benchE2E},
+	{"consumer", benchConsumer},
+	{"scale", benchScale},
+	{"claim", benchClaim},
+	{"backends", benchBackends},
+}
+
+var scenarioNames = func() []string {
+	var n []string
+	for _, s := range scenarios {
+		n = append(n, s.name)
+	}
+	return n
+}()
 
 func env(key, def string) string {
 	if v := os.Getenv(key); v != "" {

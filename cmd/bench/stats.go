@@ -89,3 +89,27 @@ func unitSuffix(unit string) string {
 	}
 	return unit
 }
+
+// percentile returns the p-th percentile (nearest rank) of samples; 0 when there are none.
+func percentile(samples []time.Duration, p float64) time.Duration {
+	if len(samples) == 0 {
+		return 0
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	i := int(float64(len(s))*p/100+0.5) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// overhead pairs two series by round and returns how much larger a is than base, in percent.
+func overhead(name string, a, base series) series {
+	r := series{Name: name, Unit: "%"}
+	for i := range min(len(a.Values), len(base.Values)) {
+		if base.Values[i] > 0 {
+			r.add(100 * (a.Values[i]/base.Values[i] - 1))
+		}
+	}
+	return r
+}

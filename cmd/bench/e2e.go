@@ -1,0 +1,398 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	wforwarder "github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/handlers"
+	"github.com/outboxkit/outboxkit/middleware"
+	"github.com/outboxkit/outboxkit/pipeline"
+)
+
+// e2eImpl is one way to get an event from a business transaction to a consumer's effect.
+type e2eImpl struct {
+	name   string
+	stock  bool
+	tune   stockTuning
+	shards int // consumers over key shards of the topic (outboxkit.ShardTopic); 0: one
+}
+
+var (
+	e2eOurs        = e2eImpl{name: "outboxkit"}
+	e2eOursSharded = e2eImpl{name: fmt.Sprintf("outboxkit, %d key shards", consumerShards), shards: consumerShards}
+	e2eStockTuned  = e2eImpl{name: "stock tuned", stock: true, tune: stockTuned}
+	e2eStockAsShip = e2eImpl{name: "stock as shipped", stock: true, tune: stockDefaults}
+)
+
+// e2eResult is one timed run at a fixed offered rate.
+type e2eResult struct {
+	latencies []time.Duration // commit → effect committed, per event
+	missing   int             // events whose effect had not happened when the run gave up
+}
+
+// benchE2E offers events at fixed rates, each written in its own business transaction, and
+// times commit → the consumer's effect committed, through the relay, RabbitMQ and an inbox
+// consumer: outboxkit beside stock Watermill (watermill-sql publisher in the transaction,
+// components/forwarder, watermill-amqp, and a consumer deduplicating in its own transaction).
+func benchE2E(ctx context.Context, c config) ([]series, error) {
+	cfg, err := pgxpool.ParseConfig(c.dbURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 48
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	defer pool.Close()
+	fmt.Printf("\nend to end: commit → consumer effect committed, RabbitMQ between; %s per rate, %d reps\n", c.e2eFor, c.reps)
+	fmt.Printf("  stock tuned: poll %s, batch %d; as shipped: poll %s, batch %d\n",
+		stockTuned.pollInterval, stockTuned.batchSize, stockDefaults.pollInterval, stockDefaults.batchSize)
+
+	type run struct {
+		impl e2eImpl
+		rate int
+	}
+	runs := []run{{e2eOurs, 200}, {e2eOursSharded, 200}, {e2eStockTuned, 200}, {e2eStockAsShip, 200},
+		{e2eOurs, 1000}, {e2eOursSharded, 1000}, {e2eStockTuned, 1000}}
+	stats := map[run]map[string]*series{}
+	for _, r := range runs {
+		stats[r] = map[string]*series{}
+		for _, p := range []string{"p50", "p95", "p99", "max"} {
+			stats[r][p] = &series{Name: fmt.Sprintf("%s at %d msg/s, %s", r.impl.name, r.rate, p), Unit: "ms"}
+		}
+	}
+	for rep := 1; rep <= c.reps; rep++ {
+		for _, r := range runs {
+			res, err := e2eOnce(ctx, c, pool, r.impl, r.rate, c.e2eFor)
+			if err != nil {
+				return nil, fmt.Errorf("%s at %d msg/s: %w", r.impl.name, r.rate, err)
+			}
+			s := stats[r]
+			s["p50"].add(ms(percentile(res.latencies, 50)))
+			s["p95"].add(ms(percentile(res.latencies, 95)))
+			s["p99"].add(ms(percentile(res.latencies, 99)))
+			s["max"].add(ms(percentile(res.latencies, 100)))
+			note := ""
+			if res.missing > 0 {
+				note = fmt.Sprintf(" (%d effects still missing when the run gave up)", res.missing)
+			}
+			fmt.Printf("  round %d: %s at %d msg/s: p50 %.1f ms, p99 %.1f ms%s\n", rep, r.impl.name, r.rate,
+				ms(percentile(res.latencies, 50)), ms(percentile(res.latencies, 99)), note)
+		}
+	}
+	var rows, ratios []series
+	for _, r := range runs {
+		for _, p := range []string{"p50", "p95", "p99", "max"} {
+			rows = append(rows, *stats[r][p])
+		}
+	}
+	for _, rate := range []int{200, 1000} {
+		ratios = append(ratios,
+			ratio(fmt.Sprintf("stock tuned p50 / outboxkit p50 at %d msg/s", rate), *stats[run{e2eStockTuned, rate}]["p50"], *stats[run{e2eOurs, rate}]["p50"]),
+			ratio(fmt.Sprintf("stock tuned p99 / outboxkit p99 at %d msg/s", rate), *stats[run{e2eStockTuned, rate}]["p99"], *stats[run{e2eOurs, rate}]["p99"]))
+	}
+	ratios = append(ratios,
+		ratio("stock as shipped p50 / outboxkit p50 at 200 msg/s", *stats[run{e2eStockAsShip, 200}]["p50"], *stats[run{e2eOurs, 200}]["p50"]),
+		ratio("stock tuned p99 / outboxkit sharded p99 at 1000 msg/s", *stats[run{e2eStockTuned, 1000}]["p99"], *stats[run{e2eOursSharded, 1000}]["p99"]))
+	fmt.Print(table("end-to-end latency", rows))
+	fmt.Print(table("paired by round", ratios))
+
+	// The highest offered rate at which outboxkit's p99 stays under 100 ms: rates step up until
+	// it does not (one run each, half the usual length), with the consumer over key shards.
+	best := series{Name: e2eOursSharded.name + ": highest offered rate with p99 < 100 ms", Unit: "msg/s"}
+	for _, rate := range []int{200, 300, 400, 500, 600, 800, 1000, 1250, 1500, 2000} {
+		res, err := e2eOnce(ctx, c, pool, e2eOursSharded, rate, c.e2eFor/2)
+		if err != nil {
+			return nil, err
+		}
+		p99 := percentile(res.latencies, 99)
+		fmt.Printf("  step %d msg/s: p99 %.1f ms, missing %d\n", rate, ms(p99), res.missing)
+		if p99 >= 100*time.Millisecond || res.missing > 0 {
+			break
+		}
+		best.Values = []float64{float64(rate)}
+	}
+	fmt.Print(table("sustained rate", []series{best}))
+	return append(append(rows, ratios...), best), nil
+}
+
+// e2eOnce runs one implementation at one offered rate for d and collects the latencies.
+func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, rate int, d time.Duration) (e2eResult, error) {
+	schema := fmt.Sprintf("bench_e2e_%d", time.Now().UnixNano()%1e9)
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if _, err := pipeline.Migrate(ctx, db, schema); err != nil {
+		return e2eResult{}, err
+	}
+	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL);
+		CREATE TABLE `+schema+`.effects (message_id text PRIMARY KEY);
+		CREATE TABLE `+schema+`.processed (message_id text PRIMARY KEY)`); err != nil {
+		return e2eResult{}, err
+	}
+	topic := "bench.e2e." + schema
+	fwdTopic := "bench_e2e_fwd_" + schema
+	group := "e2e"
+	topics := outboxkit.ShardTopics(topic, impl.shards)
+	if err := declareQueues(c.brokerURL, topics, group); err != nil {
+		return e2eResult{}, err
+	}
+	defer deleteQueues(c.brokerURL, topics, group)
+	defer pool.Exec(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS "watermill_%s", "watermill_offsets_%s"`, fwdTopic, fwdTopic)) //nolint:errcheck
+
+	total := int(float64(rate) * d.Seconds())
+	warmN := max(50, rate/2) // half a second at the rate, untimed: connections, channels, plans
+	var (
+		warm      sync.Map // uuid → commit time, for the warm-up's events
+		committed sync.Map // uuid → time the commit was sent, for the timed events
+		warmed    atomic.Int64
+		warmDone  = make(chan struct{})
+		latMu     sync.Mutex
+		latencies = make([]time.Duration, 0, total)
+		applied   atomic.Int64
+		allDone   = make(chan struct{})
+	)
+	record := func(uuid string) {
+		if _, ok := warm.LoadAndDelete(uuid); ok {
+			if warmed.Add(1) == int64(warmN) {
+				close(warmDone)
+			}
+			return
+		}
+		if t0, ok := committed.Load(uuid); ok {
+			latMu.Lock()
+			latencies = append(latencies, time.Since(t0.(time.Time)))
+			latMu.Unlock()
+			if applied.Add(1) == int64(total) {
+				close(allDone)
+			}
+		}
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+
+	// The consumer.
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		return e2eResult{}, err
+	}
+	effect := `INSERT INTO ` + schema + `.effects (message_id) VALUES ($1)`
+	if impl.stock {
+		sub, err := wamqp.NewSubscriber(wamqp.NewDurablePubSubConfig(c.brokerURL, wamqp.GenerateQueueNameTopicNameWithSuffix(group)), watermill.NopLogger{})
+		if err != nil {
+			return e2eResult{}, err
+		}
+		// The usual hand-written inbox: the message id and the effect in one transaction.
+		router.AddConsumerHandler("stock", topic, sub, func(msg *message.Message) error {
+			if err := pgx.BeginFunc(msg.Context(), pool, func(tx pgx.Tx) error {
+				tag, err := tx.Exec(msg.Context(), `INSERT INTO `+schema+`.processed (message_id) VALUES ($1) ON CONFLICT DO NOTHING`, msg.UUID)
+				if err != nil || tag.RowsAffected() == 0 {
+					return err
+				}
+				_, err = tx.Exec(msg.Context(), effect, msg.UUID)
+				return err
+			}); err != nil {
+				return err
+			}
+			record(msg.UUID)
+			return nil
+		})
+	} else {
+		for _, t := range topics {
+			sub, err := backends.NewAMQPSubscriber(backends.AMQPSubscriberConfig{URL: c.brokerURL, ConsumerGroup: group})
+			if err != nil {
+				return e2eResult{}, err
+			}
+			stack, err := middleware.Stack(middleware.StackConfig{Pool: pool, Schema: schema, Consumer: group})
+			if err != nil {
+				return e2eResult{}, err
+			}
+			h := router.AddConsumerHandler("ours-"+t, t, sub, handlers.JSON(func(ctx context.Context, tx pgx.Tx, o map[string]any) error {
+				_, err := tx.Exec(ctx, effect, o["id"])
+				return err
+			}))
+			h.AddMiddleware(append([]message.HandlerMiddleware{func(next message.HandlerFunc) message.HandlerFunc {
+				return func(msg *message.Message) ([]*message.Message, error) {
+					out, err := next(msg)
+					if err == nil {
+						record(msg.UUID) // the inbox transaction, with the effect, has committed
+					}
+					return out, err
+				}
+			}}, stack...)...)
+		}
+	}
+	wg.Add(1)
+	go func() { defer wg.Done(); _ = router.Run(runCtx) }()
+	select {
+	case <-router.Running():
+	case <-time.After(30 * time.Second):
+		return e2eResult{}, fmt.Errorf("consumer did not start")
+	}
+
+	// The relay.
+	if impl.stock {
+		amqpCfg := wamqp.NewDurablePubSubConfig(c.brokerURL, nil)
+		amqpCfg.Publish.ConfirmDelivery = true
+		amqpCfg.Publish.ChannelPoolSize = impl.tune.channelPool
+		amqpPub, err := wamqp.NewPublisher(amqpCfg, watermill.NopLogger{})
+		if err != nil {
+			return e2eResult{}, err
+		}
+		defer amqpPub.Close()
+		sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
+			ConsumerGroup: "relay", PollInterval: impl.tune.pollInterval,
+			SchemaAdapter:  wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: impl.tune.batchSize},
+			OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{}, InitializeSchema: true,
+		}, watermill.NopLogger{})
+		if err != nil {
+			return e2eResult{}, err
+		}
+		fwd, err := wforwarder.NewForwarder(sub, amqpPub, watermill.NopLogger{}, wforwarder.Config{ForwarderTopic: fwdTopic})
+		if err != nil {
+			return e2eResult{}, err
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = fwd.Run(runCtx) }()
+		defer fwd.Close()
+		select {
+		case <-fwd.Running():
+		case <-time.After(30 * time.Second):
+			return e2eResult{}, fmt.Errorf("stock forwarder did not start")
+		}
+	} else {
+		pub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: c.brokerURL})
+		if err != nil {
+			return e2eResult{}, err
+		}
+		defer pub.Close()
+		relay, err := forwarder.New(forwarder.Config{Pool: pool, Schema: schema, Publisher: pub, Name: "e2e",
+			TopicMapping: func(t, key string) string { return outboxkit.ShardTopic(t, key, impl.shards) }})
+		if err != nil {
+			return e2eResult{}, err
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = relay.Run(runCtx) }()
+		select {
+		case <-relay.Running():
+		case <-time.After(30 * time.Second):
+			return e2eResult{}, fmt.Errorf("relay did not start")
+		}
+	}
+
+	// Warm up untimed, then offer the timed events.
+	if err := e2eOffer(ctx, pool, schema, topic, fwdTopic, impl, 0, warmN, rate, &warm); err != nil {
+		return e2eResult{}, err
+	}
+	select {
+	case <-warmDone:
+	case <-time.After(60 * time.Second):
+		return e2eResult{}, fmt.Errorf("warm-up: %d of %d effects after 60s", warmed.Load(), warmN)
+	case <-ctx.Done():
+		return e2eResult{}, ctx.Err()
+	}
+	if err := e2eOffer(ctx, pool, schema, topic, fwdTopic, impl, warmN, total, rate, &committed); err != nil {
+		return e2eResult{}, err
+	}
+	select {
+	case <-allDone:
+	case <-time.After(d + 60*time.Second):
+	case <-ctx.Done():
+		return e2eResult{}, ctx.Err()
+	}
+	cancel()
+	latMu.Lock()
+	defer latMu.Unlock()
+	return e2eResult{latencies: latencies, missing: total - len(latencies)}, nil
+}
+
+// e2eOffer writes n events numbered from first, each in its own business transaction, on a fixed
+// schedule at rate (open loop: a slow pipeline does not slow the offered rate down), from 16
+// writers, and records each commit time in committed.
+func e2eOffer(ctx context.Context, pool *pgxpool.Pool, schema, topic, fwdTopic string, impl e2eImpl, first, n, rate int, committed *sync.Map) error {
+	slots := make(chan int, n)
+	writeErr := make(chan error, 1)
+	var writers sync.WaitGroup
+	for range 16 {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			for i := range slots {
+				if err := e2eWrite(ctx, pool, schema, topic, fwdTopic, impl, i, committed); err != nil {
+					select {
+					case writeErr <- err:
+					default:
+					}
+					return
+				}
+			}
+		}()
+	}
+	start := time.Now()
+	for i := range n {
+		if wait := time.Until(start.Add(time.Duration(float64(i) / float64(rate) * float64(time.Second)))); wait > 0 {
+			time.Sleep(wait)
+		}
+		slots <- first + i
+	}
+	close(slots)
+	writers.Wait()
+	select {
+	case err := <-writeErr:
+		return err
+	default:
+		return nil
+	}
+}
+
+// e2eWrite is one business transaction: an order and its event.
+func e2eWrite(ctx context.Context, pool *pgxpool.Pool, schema, topic, fwdTopic string, impl e2eImpl, i int, committed *sync.Map) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	var id int64
+	if err := tx.QueryRow(ctx, `INSERT INTO `+schema+`.orders (customer) VALUES ($1) RETURNING id`, fmt.Sprint("c-", i%97)).Scan(&id); err != nil {
+		return err
+	}
+	body, key := payload(i, 200)
+	msg := pipeline.NewEvent("OrderPlaced", key, []byte(fmt.Sprintf(`{"id":%q,"order":%s}`, fmt.Sprint("e-", i), body)))
+	if impl.stock {
+		sqlPub, err := wsql.NewPublisher(wsql.TxFromPgx(tx), wsql.PublisherConfig{SchemaAdapter: wsql.DefaultPostgreSQLSchema{}}, watermill.NopLogger{})
+		if err != nil {
+			return err
+		}
+		if err := wforwarder.NewPublisher(sqlPub, wforwarder.PublisherConfig{ForwarderTopic: fwdTopic}).Publish(topic, msg); err != nil {
+			return err
+		}
+	} else {
+		pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: schema})
+		if err != nil {
+			return err
+		}
+		if err := pub.Publish(topic, msg); err != nil {
+			return err
+		}
+	}
+	committed.Store(msg.UUID, time.Now())
+	return tx.Commit(ctx)
+}

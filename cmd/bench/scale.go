@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/pipeline"
+)
+
+// benchScale times the drain with 1, 2 and 4 forwarders on one outbox, rounds alternating.
+func benchScale(ctx context.Context, c config) ([]series, error) {
+	pool, err := pgxpool.New(ctx, c.dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	defer pool.Close()
+	fmt.Printf("\nscale: %d preloaded events over %d keys → RabbitMQ, drained by 1, 2 and 4 forwarders, %d reps\n", c.events, c.keys, c.reps)
+	counts := []int{1, 2, 4}
+	all := make([]series, len(counts))
+	for i, n := range counts {
+		all[i] = series{Name: fmt.Sprintf("%d forwarder(s)", n), Unit: "msg/s"}
+	}
+	for rep := 1; rep <= c.reps; rep++ {
+		for i, n := range counts {
+			cc := c
+			cc.relays = n
+			r, err := drainOutboxkit(ctx, cc, pool, rep)
+			if err != nil {
+				return nil, fmt.Errorf("%d forwarders: %w", n, err)
+			}
+			all[i].add(r)
+		}
+		fmt.Printf("  round %d: 1: %.0f, 2: %.0f, 4: %.0f msg/s\n", rep, all[0].Values[rep-1], all[1].Values[rep-1], all[2].Values[rep-1])
+	}
+	rows := append(all, ratio("2 / 1 forwarders", all[1], all[0]), ratio("4 / 1 forwarders", all[2], all[0]))
+	fmt.Print(table("drain rate by forwarder count", rows))
+	return rows, nil
+}
+
+// discard is a broker that takes everything at once: the claim is what is timed.
+type discard struct{}
+
+func (discard) Publish(string, ...*message.Message) error { return nil }
+func (discard) Close() error                              { return nil }
+
+// claimWarmup passes run untimed before each history size's samples.
+const claimWarmup = 3
+
+// benchClaim times one DispatchBatch of a small pending set while the outbox holds 0, 1 M and
+// 5 M published rows: the pending index must keep the claim flat as history grows.
+func benchClaim(ctx context.Context, c config) ([]series, error) {
+	pool, err := pgxpool.New(ctx, c.dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	defer pool.Close()
+	schema := fmt.Sprintf("bench_claim_%d", time.Now().UnixNano()%1e9)
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if _, err := pipeline.Migrate(ctx, db, schema); err != nil {
+		return nil, err
+	}
+	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	relay, err := forwarder.New(forwarder.Config{Pool: pool, Schema: schema, Publisher: discard{}, Name: "claim",
+		BatchSize: c.claimPending, Retention: forwarder.Retention{Keep: true}})
+	if err != nil {
+		return nil, err
+	}
+	fmt.Printf("\nclaim cost: one DispatchBatch of %d pending rows (%d keys), broker discarding, as published history grows; %d samples each\n",
+		c.claimPending, min(c.keys, c.claimPending), c.claimSamples)
+	var rows []series
+	have := 0
+	for _, target := range c.claimHistory {
+		if target > have {
+			fmt.Printf("  loading %d published rows…\n", target-have)
+			// History as the relay leaves it: published, keyed, with a realistic payload.
+			if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.outbox (uuid, topic, partition_key, payload, metadata, created_at, published_at, attempts)
+				SELECT 'h-' || g, 'orders', 'order-' || (g % 5000), convert_to(repeat('x', 120), 'UTF8'), '{}'::jsonb,
+					now() - interval '1 day', now() - interval '1 day', 1
+				FROM generate_series($1::bigint, $2::bigint) AS g`, have+1, target); err != nil {
+				return nil, err
+			}
+			if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+schema+`.outbox`); err != nil {
+				return nil, err
+			}
+			have = target
+		}
+		s := series{Name: fmt.Sprintf("claim + publish + mark of %d rows, %s published rows", c.claimPending, humanCount(target)), Unit: "ms"}
+		for i := range c.claimSamples + claimWarmup {
+			if err := insertPending(ctx, pool, schema, c.claimPending, c.keys); err != nil {
+				return nil, err
+			}
+			t0 := time.Now()
+			res, err := relay.DispatchBatch(ctx)
+			if err != nil {
+				return nil, err
+			}
+			d := time.Since(t0)
+			if res.Published != c.claimPending {
+				return nil, fmt.Errorf("a pass published %d rows, want %d", res.Published, c.claimPending)
+			}
+			if i >= claimWarmup { // the first passes after a load warm caches and plans up
+				s.add(ms(d))
+			}
+		}
+		rows = append(rows, s)
+		fmt.Printf("  %s: median %.2f ms\n", s.Name, s.median())
+	}
+	for i := 1; i < len(rows) && i < len(c.claimHistory); i++ {
+		rows = append(rows, series{Name: fmt.Sprintf("change at %s vs %s published rows", humanCount(c.claimHistory[i]), humanCount(c.claimHistory[0])),
+			Unit: "%", Values: []float64{100 * (rows[i].median()/rows[0].median() - 1)}})
+	}
+	fmt.Print(table("claim cost", rows))
+	return rows, nil
+}
+
+func insertPending(ctx context.Context, pool *pgxpool.Pool, schema string, n, keys int) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx) //nolint:errcheck
+	pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: schema, DisableNotify: true})
+	if err != nil {
+		return err
+	}
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		body, key := payload(i, keys)
+		msgs[i] = pipeline.NewEvent("OrderPlaced", key, body)
+	}
+	if err := pub.Publish("orders", msgs...); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+func humanCount(n int) string {
+	switch {
+	case n >= 1_000_000:
+		return fmt.Sprintf("%g M", float64(n)/1e6)
+	case n >= 1000:
+		return fmt.Sprintf("%g k", float64(n)/1e3)
+	}
+	return fmt.Sprint(n)
+}

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/outboxkit/outboxkit/pipeline"
+)
+
+// writeMode is what one business transaction does.
+type writeMode struct {
+	name   string
+	outbox bool // the event row too
+	notify bool // and the NOTIFY that wakes the relay
+}
+
+var writeModes = []writeMode{
+	{name: "business tx alone"},
+	{name: "+ outbox row", outbox: true},
+	{name: "+ outbox row + NOTIFY", outbox: true, notify: true},
+}
+
+// benchWritePath times the business transaction (insert an order, commit) alone and with its
+// outbox row, at 1, 4 and 16 concurrent clients, for c.writeFor each. Modes alternate within a
+// round, so each ratio pairs figures measured back to back.
+func benchWritePath(ctx context.Context, c config) ([]series, error) {
+	cfg, err := pgxpool.ParseConfig(c.dbURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 20
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	defer pool.Close()
+	schema := fmt.Sprintf("bench_write_%d", time.Now().UnixNano()%1e9)
+	db := stdlib.OpenDBFromPool(pool)
+	defer db.Close()
+	if _, err := pipeline.Migrate(ctx, db, schema); err != nil {
+		return nil, err
+	}
+	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		customer text NOT NULL, total_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		return nil, err
+	}
+	fmt.Printf("\nwrite path: INSERT an order and COMMIT, alone and with its outbox row; %s per measurement, %d reps\n", c.writeFor, c.reps)
+
+	clients := []int{1, 4, 16}
+	type key struct{ mode, clients int }
+	p50, p99, tps := map[key]*series{}, map[key]*series{}, map[key]*series{}
+	for mi, m := range writeModes {
+		for _, n := range clients {
+			k := key{mi, n}
+			p50[k] = &series{Name: fmt.Sprintf("%s, %d clients, p50", m.name, n), Unit: "ms"}
+			p99[k] = &series{Name: fmt.Sprintf("%s, %d clients, p99", m.name, n), Unit: "ms"}
+			tps[k] = &series{Name: fmt.Sprintf("%s, %d clients", m.name, n), Unit: "tx/s"}
+		}
+	}
+	for rep := 1; rep <= c.reps; rep++ {
+		for _, n := range clients {
+			for mi, m := range writeModes {
+				lat, elapsed, err := writeLoad(ctx, pool, schema, m, n, c.writeFor)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", m.name, err)
+				}
+				k := key{mi, n}
+				p50[k].add(ms(percentile(lat, 50)))
+				p99[k].add(ms(percentile(lat, 99)))
+				tps[k].add(rate(len(lat), elapsed))
+			}
+		}
+		fmt.Printf("  round %d done\n", rep)
+	}
+	var lat, thr, over []series
+	for _, n := range clients {
+		for mi := range writeModes {
+			k := key{mi, n}
+			lat = append(lat, *p50[k], *p99[k])
+			thr = append(thr, *tps[k])
+		}
+		base := key{0, n}
+		for mi := 1; mi < len(writeModes); mi++ {
+			k := key{mi, n}
+			over = append(over, overhead(fmt.Sprintf("%s, %d clients: p50 cost", writeModes[mi].name, n), *p50[k], *p50[base]))
+		}
+	}
+	fmt.Print(table("write path latency", lat))
+	fmt.Print(table("write path throughput", thr))
+	fmt.Print(table("outbox cost on the business tx, paired by round", over))
+	return slices.Concat(lat, thr, over), nil
+}
+
+// writeLoad runs n clients, each committing transactions back to back for d; it returns every
+// transaction's latency.
+func writeLoad(ctx context.Context, pool *pgxpool.Pool, schema string, m writeMode, n int, d time.Duration) ([]time.Duration, time.Duration, error) {
+	var (
+		mu   sync.Mutex
+		all  []time.Duration
+		errs = make(chan error, n)
+		wg   sync.WaitGroup
+	)
+	insert := `INSERT INTO ` + schema + `.orders (customer, total_cents) VALUES ($1, $2) RETURNING id`
+	start := time.Now()
+	deadline := start.Add(d)
+	for w := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var mine []time.Duration
+			for i := 0; time.Now().Before(deadline); i++ {
+				t0 := time.Now()
+				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+					var id int64
+					if err := tx.QueryRow(ctx, insert, fmt.Sprintf("customer-%d", w), i).Scan(&id); err != nil {
+						return err
+					}
+					if !m.outbox {
+						return nil
+					}
+					pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: schema, DisableNotify: !m.notify})
+					if err != nil {
+						return err
+					}
+					body, key := payload(int(id), 200)
+					return pub.Publish("orders", pipeline.NewEvent("OrderPlaced", key, body))
+				}); err != nil {
+					errs <- err
+					return
+				}
+				mine = append(mine, time.Since(t0))
+			}
+			mu.Lock()
+			all = append(all, mine...)
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	select {
+	case err := <-errs:
+		return nil, 0, err
+	default:
+	}
+	return all, elapsed, nil
+}
