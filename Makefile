@@ -31,7 +31,7 @@ demo:
 	@scripts/services.sh postgres rabbitmq
 	$(GO) run ./cmd/demo $(DEMO_ARGS)
 
-## bench: forwarder drain rate against stock Watermill and the raw broker, side by side.
+## bench: write path, drain, end to end, consumer, scale and claim cost, beside stock Watermill.
 bench: services
 	$(GO) run ./cmd/bench $(BENCH_ARGS)
 
