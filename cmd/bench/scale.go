@@ -49,51 +49,59 @@ type discard struct{}
 func (discard) Publish(string, ...*message.Message) error { return nil }
 func (discard) Close() error                              { return nil }
 
-// claimWarmup passes run untimed before each history size's samples.
+// claimWarmup passes run untimed on each outbox before the timed ones.
 const claimWarmup = 3
 
 // benchClaim times one DispatchBatch of a small pending set while the outbox holds 0, 1 M and
-// 5 M published rows: the pending index must keep the claim flat as history grows.
+// 5 M published rows: the pending index must keep the claim flat as history grows. Each history
+// size has an outbox (a schema) of its own, and the timed passes go round the outboxes, so every
+// size sees the same machine at the same moments.
 func benchClaim(ctx context.Context, c config) ([]series, error) {
 	pool, err := pgxpool.New(ctx, c.dbURL)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	defer pool.Close()
-	schema := fmt.Sprintf("bench_claim_%d", time.Now().UnixNano()%1e9)
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	if _, err := pipeline.Migrate(ctx, db, schema); err != nil {
-		return nil, err
-	}
-	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
-	relay, err := forwarder.New(forwarder.Config{Pool: pool, Schema: schema, Publisher: discard{}, Name: "claim",
-		BatchSize: c.claimPending, Retention: forwarder.Retention{Keep: true}})
-	if err != nil {
-		return nil, err
-	}
 	fmt.Printf("\nclaim cost: one DispatchBatch of %d pending rows (%d keys), broker discarding, as published history grows; %d samples each\n",
 		c.claimPending, min(c.keys, c.claimPending), c.claimSamples)
-	var rows []series
-	have := 0
-	for _, target := range c.claimHistory {
-		if target > have {
-			fmt.Printf("  loading %d published rows…\n", target-have)
+	relays := make([]*forwarder.Forwarder, len(c.claimHistory))
+	schemas := make([]string, len(c.claimHistory))
+	for i, history := range c.claimHistory {
+		schemas[i] = fmt.Sprintf("bench_claim_%d_%d", i, time.Now().UnixNano()%1e9)
+		if _, err := pipeline.Migrate(ctx, db, schemas[i]); err != nil {
+			return nil, err
+		}
+		defer pool.Exec(context.Background(), "DROP SCHEMA "+schemas[i]+" CASCADE") //nolint:errcheck
+		if history > 0 {
+			fmt.Printf("  loading %s published rows…\n", humanCount(history))
 			// History as the relay leaves it: published, keyed, with a realistic payload.
-			if _, err := pool.Exec(ctx, `INSERT INTO `+schema+`.outbox (uuid, topic, partition_key, payload, metadata, created_at, published_at, attempts)
+			if _, err := pool.Exec(ctx, `INSERT INTO `+schemas[i]+`.outbox (uuid, topic, partition_key, payload, metadata, created_at, published_at, attempts)
 				SELECT 'h-' || g, 'orders', 'order-' || (g % 5000), convert_to(repeat('x', 120), 'UTF8'), '{}'::jsonb,
 					now() - interval '1 day', now() - interval '1 day', 1
-				FROM generate_series($1::bigint, $2::bigint) AS g`, have+1, target); err != nil {
+				FROM generate_series(1, $1::bigint) AS g`, history); err != nil {
 				return nil, err
 			}
-			if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+schema+`.outbox`); err != nil {
-				return nil, err
-			}
-			have = target
 		}
-		s := series{Name: fmt.Sprintf("claim + publish + mark of %d rows, %s published rows", c.claimPending, humanCount(target)), Unit: "ms"}
-		for i := range c.claimSamples + claimWarmup {
-			if err := insertPending(ctx, pool, schema, c.claimPending, c.keys); err != nil {
+		// As autovacuum would have by then: the published rows' entries gone from the pending
+		// index, statistics current.
+		if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+schemas[i]+`.outbox`); err != nil {
+			return nil, err
+		}
+		relays[i], err = forwarder.New(forwarder.Config{Pool: pool, Schema: schemas[i], Publisher: discard{}, Name: "claim",
+			BatchSize: c.claimPending, Retention: forwarder.Retention{Keep: true}})
+		if err != nil {
+			return nil, err
+		}
+	}
+	rows := make([]series, len(c.claimHistory))
+	for i, history := range c.claimHistory {
+		rows[i] = series{Name: fmt.Sprintf("claim + publish + mark of %d rows, %s published rows", c.claimPending, humanCount(history)), Unit: "ms"}
+	}
+	for sample := range c.claimSamples + claimWarmup {
+		for i, relay := range relays {
+			if err := insertPending(ctx, pool, schemas[i], c.claimPending, c.keys); err != nil {
 				return nil, err
 			}
 			t0 := time.Now()
@@ -105,14 +113,12 @@ func benchClaim(ctx context.Context, c config) ([]series, error) {
 			if res.Published != c.claimPending {
 				return nil, fmt.Errorf("a pass published %d rows, want %d", res.Published, c.claimPending)
 			}
-			if i >= claimWarmup { // the first passes after a load warm caches and plans up
-				s.add(ms(d))
+			if sample >= claimWarmup {
+				rows[i].add(ms(d))
 			}
 		}
-		rows = append(rows, s)
-		fmt.Printf("  %s: median %.2f ms\n", s.Name, s.median())
 	}
-	for i := 1; i < len(rows) && i < len(c.claimHistory); i++ {
+	for i := 1; i < len(c.claimHistory); i++ {
 		rows = append(rows, series{Name: fmt.Sprintf("change at %s vs %s published rows", humanCount(c.claimHistory[i]), humanCount(c.claimHistory[0])),
 			Unit: "%", Values: []float64{100 * (rows[i].median()/rows[0].median() - 1)}})
 	}
