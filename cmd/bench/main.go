@@ -3,6 +3,7 @@
 // every comparison is a ratio of two figures measured in the same round.
 //
 //	go run ./cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|all] [--reps 3]
+//	                   [--json bench-results/bench.json] [--compare an-earlier-run.json]
 package main
 
 import (
@@ -24,6 +25,7 @@ type config struct {
 	events, keys     int
 	reps             int
 	jsonPath         string
+	comparePath      string
 	cpuProfile       string
 	batch, inFlight  int
 	relays           int
@@ -44,6 +46,7 @@ func main() {
 	flag.IntVar(&c.keys, "keys", 200, "partition keys the events are spread over")
 	flag.IntVar(&c.reps, "reps", 3, "repetitions of each measurement (the median is reported)")
 	flag.StringVar(&c.jsonPath, "json", "bench-results/bench.json", "where to write the figures as JSON (empty: nowhere)")
+	flag.StringVar(&c.comparePath, "compare", "", "an earlier run's JSON: print each figure beside its earlier median")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the outboxkit drains to this file")
 	flag.IntVar(&c.batch, "batch", 0, "forwarder BatchSize (0: the default)")
 	flag.IntVar(&c.inFlight, "inflight", 0, "forwarder MaxInFlight (0: the default)")
@@ -94,6 +97,13 @@ func run(ctx context.Context, c config) error {
 	}
 	if !ran {
 		return fmt.Errorf("unknown --scenario %q: use %s or all", c.scenario, strings.Join(scenarioNames, ", "))
+	}
+	if c.comparePath != "" {
+		out, err := compareWith(c.comparePath, results)
+		if err != nil {
+			return err
+		}
+		fmt.Print(out)
 	}
 	if c.jsonPath != "" {
 		if err := os.MkdirAll(filepath.Dir(c.jsonPath), 0o755); err != nil {

@@ -1,7 +1,9 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -112,4 +114,47 @@ func overhead(name string, a, base series) series {
 		}
 	}
 	return r
+}
+
+// compareWith prints every figure of this run beside the figure of the same name in an earlier
+// run's JSON, with the change of the medians. Figures only one of the runs has are listed apart.
+func compareWith(path string, now []series) (string, error) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("--compare: %w", err)
+	}
+	var before struct {
+		When   time.Time `json:"when"`
+		Series []series  `json:"series"`
+	}
+	if err := json.Unmarshal(raw, &before); err != nil {
+		return "", fmt.Errorf("--compare: %s is not a bench JSON file: %w", path, err)
+	}
+	old := map[string]series{}
+	for _, s := range before.Series {
+		old[s.Name] = s
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\ncompared with %s (run %s): medians\n", path, before.When.Format(time.RFC3339))
+	width := 0
+	for _, s := range now {
+		width = max(width, len(s.Name))
+	}
+	var missing []string
+	for _, s := range now {
+		o, ok := old[s.Name]
+		if !ok || len(o.Values) == 0 {
+			missing = append(missing, s.Name)
+			continue
+		}
+		change := "       –"
+		if o.median() != 0 {
+			change = fmt.Sprintf("%+7.1f%%", 100*(s.median()/o.median()-1))
+		}
+		fmt.Fprintf(&b, "  %-*s  %14s → %-14s %s\n", width, s.Name, human(o.median(), o.Unit), human(s.median(), s.Unit), change)
+	}
+	if len(missing) > 0 {
+		fmt.Fprintf(&b, "  not in %s: %s\n", path, strings.Join(missing, "; "))
+	}
+	return b.String(), nil
 }
