@@ -246,7 +246,7 @@ func (s *amqpSubscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<
 	}
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	msg.SetContext(mctx)
+	msg.SetContext(outboxkit.WithRedelivered(mctx, d.Redelivered))
 	select {
 	case out <- msg:
 	case <-ctx.Done():

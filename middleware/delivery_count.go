@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/internal/pgtext"
 )
 
@@ -28,6 +29,13 @@ type DeliveryCountConfig struct {
 	Now func() time.Time
 	// Logger. Default: none.
 	Logger watermill.LoggerAdapter
+	// CountFirstDeliveries counts a delivery even when the subscriber says the broker vouches it is
+	// the message's first (outboxkit.WithRedelivered, set by outboxkit's RabbitMQ subscriber).
+	// Default false: such a delivery writes nothing and takes no lock unless it fails, and its
+	// redelivery counts it — two database round trips fewer per message. The price: a message the
+	// broker had handed out (prefetched) but the handler never started, when the consumer died,
+	// is counted once more than it was handled, as a quorum queue's delivery limit counts it.
+	CountFirstDeliveries bool
 }
 
 // NewDeliveryCount counts every delivery of a message to this consumer in inbox_deliveries, in a
@@ -43,6 +51,12 @@ type DeliveryCountConfig struct {
 //
 // If the count cannot be written the message is nacked (and delivered again later): running the
 // handler uncounted could let a poison message loop forever.
+//
+// A delivery the broker vouches is the first (see CountFirstDeliveries) is counted as 1 without a
+// write: if it fails, the failure is counted then; if it kills the process, the broker's
+// redelivery says so, and that delivery is counted as the second. Concurrent first deliveries of
+// duplicate copies are not serialized by the lock; the inbox's insert-first still lets exactly
+// one of them through.
 func NewDeliveryCount(cfg DeliveryCountConfig) (message.HandlerMiddleware, error) {
 	b, err := newBase(cfg.Pool, cfg.Schema, cfg.Consumer)
 	if err != nil {
@@ -56,6 +70,7 @@ func NewDeliveryCount(cfg DeliveryCountConfig) (message.HandlerMiddleware, error
 	}
 	count := b.schema.Render(querySQL("count_delivery.sql"))
 	failed := b.schema.Render(querySQL("delivery_failed.sql"))
+	firstFailed := b.schema.Render(querySQL("first_delivery_failed.sql"))
 	lock, unlock := querySQL("lock_message.sql"), querySQL("unlock_message.sql")
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) (_ []*message.Message, err error) {
@@ -64,6 +79,24 @@ func NewDeliveryCount(cfg DeliveryCountConfig) (message.HandlerMiddleware, error
 			}
 			d := deliveryOf(msg)
 			ctx := msg.Context()
+			redelivered, known := outboxkit.Redelivered(ctx)
+			if known && !redelivered && !cfg.CountFirstDeliveries {
+				d.count = 1
+				out, err := h(msg)
+				if err != nil && !d.deadLettered {
+					if _, uerr := b.pool.Exec(ctx, firstFailed, b.consumer, msg.UUID, cfg.Now(), pgtext.Storable(err.Error())); uerr != nil {
+						// Uncounted, the redelivery still counts as the second delivery.
+						cfg.Logger.Error("Cannot record the delivery's error", uerr, watermill.LogFields{
+							"consumer": b.consumer, "message_uuid": msg.UUID,
+						})
+					}
+				}
+				return out, err
+			}
+			firstCount := 1
+			if known && redelivered && !cfg.CountFirstDeliveries {
+				firstCount = 2 // its first delivery was not counted unless it failed (then the row exists)
+			}
 			conn, err := b.pool.Acquire(ctx)
 			if err != nil {
 				return nil, fmt.Errorf("acquire a connection for message %s: %w", msg.UUID, err)
@@ -71,7 +104,7 @@ func NewDeliveryCount(cfg DeliveryCountConfig) (message.HandlerMiddleware, error
 			// Lock and count in one round trip; the count runs only once the lock is held.
 			batch := &pgx.Batch{}
 			batch.Queue(lock, b.consumer, msg.UUID)
-			batch.Queue(count, b.consumer, msg.UUID, cfg.Now()).QueryRow(func(r pgx.Row) error { return r.Scan(&d.count) })
+			batch.Queue(count, b.consumer, msg.UUID, cfg.Now(), firstCount).QueryRow(func(r pgx.Row) error { return r.Scan(&d.count) })
 			results := conn.SendBatch(ctx, batch)
 			_, lockErr := results.Exec()
 			if lockErr != nil {

@@ -33,6 +33,8 @@ type StackConfig struct {
 	InboxRetention time.Duration
 	// DisableFastPath skips the inbox's "seen already?" read. Default false.
 	DisableFastPath bool
+	// CountFirstDeliveries: see DeliveryCountConfig. Default false.
+	CountFirstDeliveries bool
 	// PoisonPublisher and PoisonTopic also send quarantined messages to a poison topic.
 	PoisonPublisher message.Publisher
 	PoisonTopic     string
@@ -72,7 +74,7 @@ func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 		add(NewMetrics(MetricsConfig{Consumer: cfg.Consumer, Registerer: cfg.Registerer, Now: cfg.Now}))
 	}
 	add(NewDeliveryCount(DeliveryCountConfig{Pool: cfg.Pool, Schema: cfg.Schema, Consumer: cfg.Consumer,
-		Now: cfg.Now, Logger: cfg.Logger}))
+		Now: cfg.Now, Logger: cfg.Logger, CountFirstDeliveries: cfg.CountFirstDeliveries}))
 	add(NewDeadLetter(DeadLetterConfig{Pool: cfg.Pool, Schema: cfg.Schema, Consumer: cfg.Consumer,
 		MaxDeliveries: cfg.MaxDeliveries, PoisonPublisher: cfg.PoisonPublisher, PoisonTopic: cfg.PoisonTopic,
 		Now: cfg.Now, Logger: cfg.Logger}))
