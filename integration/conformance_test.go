@@ -93,11 +93,7 @@ func runConformance(t *testing.T, bc backendCase) conformanceResult {
 	pg := testenv.NewPG(t)
 	url := bc.url(t)
 	createEffects(t, pg)
-	opts := bc.opts
-	if bc.scheme == "redis" {
-		opts.ClaimAfter = 2 * time.Second // the crashed consumer's pending messages move on quickly
-	}
-	b := openBackend(t, url, opts)
+	b := openBackend(t, url, bc.opts)                  // redis: a 2s ClaimAfter, so the crashed consumer's pending messages move on quickly
 	topic := testenv.UniqueName(t, "conf") + ".placed" // dotted, as topics usually are
 	if bc.scheme == "amqp" {
 		for _, g := range []string{"shipping", "billing"} {
