@@ -84,7 +84,11 @@ func NewDeliveryCount(cfg DeliveryCountConfig) (message.HandlerMiddleware, error
 				d.count = 1
 				out, err := h(msg)
 				if err != nil && !d.deadLettered {
-					if _, uerr := b.pool.Exec(ctx, firstFailed, b.consumer, msg.UUID, cfg.Now(), pgtext.Storable(err.Error())); uerr != nil {
+					// Recorded even when the delivery failed because its context ended.
+					rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+					_, uerr := b.pool.Exec(rctx, firstFailed, b.consumer, msg.UUID, cfg.Now(), pgtext.Storable(err.Error()))
+					cancel()
+					if uerr != nil {
 						// Uncounted, the redelivery still counts as the second delivery.
 						cfg.Logger.Error("Cannot record the delivery's error", uerr, watermill.LogFields{
 							"consumer": b.consumer, "message_uuid": msg.UUID,
