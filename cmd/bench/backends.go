@@ -10,7 +10,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -18,7 +17,6 @@ import (
 
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
-	"github.com/outboxkit/outboxkit/pipeline"
 )
 
 // defaultBackendURLs are the local services scripts/services.sh starts.
@@ -78,13 +76,11 @@ func (p *countingPublisher) Publish(topic string, msgs ...*message.Message) erro
 
 func drainBackend(ctx context.Context, c config, pool *pgxpool.Pool, url string, rep int) (float64, error) {
 	scheme := strings.SplitN(url, ":", 2)[0]
-	schema := fmt.Sprintf("bench_%s_%d_%d", scheme, rep, time.Now().UnixNano()%1e9)
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	if _, err := pipeline.Migrate(ctx, db, schema); err != nil {
+	schema, drop, err := newSchema(ctx, pool, fmt.Sprintf("bench_%s_%d", scheme, rep))
+	if err != nil {
 		return 0, err
 	}
-	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	defer drop()
 	topic := schema + ".placed"
 	if err := preloadOutboxkit(ctx, pool, schema, topic, c); err != nil {
 		return 0, err

@@ -11,7 +11,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outboxkit"
@@ -32,13 +31,11 @@ func benchConsumer(ctx context.Context, c config) ([]series, error) {
 		return nil, err
 	}
 	defer pool.Close()
-	schema := fmt.Sprintf("bench_consumer_%d", time.Now().UnixNano()%1e9)
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	if _, err := pipeline.Migrate(ctx, db, schema); err != nil {
+	schema, drop, err := newSchema(ctx, pool, "bench_consumer")
+	if err != nil {
 		return nil, err
 	}
-	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	defer drop()
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.effects (message_id text NOT NULL, note text)`); err != nil {
 		return nil, err
 	}

@@ -17,7 +17,6 @@ import (
 	wforwarder "github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outboxkit"
@@ -241,13 +240,11 @@ func drainRaw(ctx context.Context, c config, rep int) (float64, error) {
 
 // drainOutboxkit preloads the outbox, then times a forwarder draining it.
 func drainOutboxkit(ctx context.Context, c config, pool *pgxpool.Pool, rep int) (float64, error) {
-	schema := fmt.Sprintf("bench_outboxkit_%d_%d", rep, time.Now().UnixNano()%1e9)
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	if _, err := pipeline.Migrate(ctx, db, schema); err != nil {
+	schema, drop, err := newSchema(ctx, pool, fmt.Sprintf("bench_outboxkit_%d", rep))
+	if err != nil {
 		return 0, err
 	}
-	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	defer drop()
 	topic := "bench.outboxkit." + schema
 	if err := preloadOutboxkit(ctx, pool, schema, topic, c); err != nil {
 		return 0, err

@@ -15,7 +15,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends"
@@ -149,13 +148,11 @@ func benchE2E(ctx context.Context, c config) ([]series, error) {
 
 // e2eOnce runs one implementation at one offered rate for d and collects the latencies.
 func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, rate int, d time.Duration) (e2eResult, error) {
-	schema := fmt.Sprintf("bench_e2e_%d", time.Now().UnixNano()%1e9)
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	if _, err := pipeline.Migrate(ctx, db, schema); err != nil {
+	schema, drop, err := newSchema(ctx, pool, "bench_e2e")
+	if err != nil {
 		return e2eResult{}, err
 	}
-	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	defer drop()
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL);
 		CREATE TABLE `+schema+`.effects (message_id text PRIMARY KEY);
 		CREATE TABLE `+schema+`.processed (message_id text PRIMARY KEY)`); err != nil {
@@ -257,10 +254,8 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 	}
 	wg.Add(1)
 	go func() { defer wg.Done(); _ = router.Run(runCtx) }()
-	select {
-	case <-router.Running():
-	case <-time.After(30 * time.Second):
-		return e2eResult{}, fmt.Errorf("consumer did not start")
+	if err := started(router.Running(), "consumer"); err != nil {
+		return e2eResult{}, err
 	}
 
 	// The relay.
@@ -288,10 +283,8 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = fwd.Run(runCtx) }()
 		defer fwd.Close()
-		select {
-		case <-fwd.Running():
-		case <-time.After(30 * time.Second):
-			return e2eResult{}, fmt.Errorf("stock forwarder did not start")
+		if err := started(fwd.Running(), "stock forwarder"); err != nil {
+			return e2eResult{}, err
 		}
 	} else {
 		pub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: c.brokerURL})
@@ -310,10 +303,8 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 		}
 		wg.Add(1)
 		go func() { defer wg.Done(); _ = relay.Run(runCtx) }()
-		select {
-		case <-relay.Running():
-		case <-time.After(30 * time.Second):
-			return e2eResult{}, fmt.Errorf("relay did not start")
+		if err := started(relay.Running(), "relay"); err != nil {
+			return e2eResult{}, err
 		}
 	}
 

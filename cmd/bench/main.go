@@ -17,6 +17,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -72,7 +73,7 @@ func main() {
 		fmt.Fprintln(os.Stderr, "bench: --events, --keys and --reps must be at least 1")
 		os.Exit(2)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM) // so each run drops what it made
 	defer stop()
 	if err := run(ctx, c); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)

@@ -7,7 +7,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/pipeline"
@@ -62,18 +61,17 @@ func benchClaim(ctx context.Context, c config) ([]series, error) {
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	defer pool.Close()
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
 	fmt.Printf("\nclaim cost: one DispatchBatch of %d pending rows (%d keys), broker discarding, as published history grows; %d samples each\n",
 		c.claimPending, min(c.keys, c.claimPending), c.claimSamples)
 	relays := make([]*forwarder.Forwarder, len(c.claimHistory))
 	schemas := make([]string, len(c.claimHistory))
 	for i, history := range c.claimHistory {
-		schemas[i] = fmt.Sprintf("bench_claim_%d_%d", i, time.Now().UnixNano()%1e9)
-		if _, err := pipeline.Migrate(ctx, db, schemas[i]); err != nil {
+		schema, drop, err := newSchema(ctx, pool, fmt.Sprintf("bench_claim_%d", i))
+		if err != nil {
 			return nil, err
 		}
-		defer pool.Exec(context.Background(), "DROP SCHEMA "+schemas[i]+" CASCADE") //nolint:errcheck
+		defer drop()
+		schemas[i] = schema
 		if history > 0 {
 			fmt.Printf("  loading %s published rows…\n", humanCount(history))
 			// History as the relay leaves it: published, keyed, with a realistic payload.

@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/outboxkit/outboxkit/pipeline"
 )
@@ -41,13 +40,11 @@ func benchWritePath(ctx context.Context, c config) ([]series, error) {
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	defer pool.Close()
-	schema := fmt.Sprintf("bench_write_%d", time.Now().UnixNano()%1e9)
-	db := stdlib.OpenDBFromPool(pool)
-	defer db.Close()
-	if _, err := pipeline.Migrate(ctx, db, schema); err != nil {
+	schema, drop, err := newSchema(ctx, pool, "bench_write")
+	if err != nil {
 		return nil, err
 	}
-	defer pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") //nolint:errcheck
+	defer drop()
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
 		customer text NOT NULL, total_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		return nil, err
