@@ -51,7 +51,7 @@ var backendCases = []backendCase{
 	}, false, backends.Options{ClaimAfter: 2 * time.Second}},
 	// Declared as watermill-sql declares its default Postgres schema: the subscriber's transaction
 	// covers the ack and the offset.
-	{"postgres", testenv.PostgresURL, tests.Features{
+	{"postgres", testenv.PostgresTopicURL, tests.Features{
 		ConsumerGroups: true, ExactlyOnceDelivery: true, GuaranteedOrder: true, GuaranteedOrderWithSingleSubscriber: true,
 		Persistent: true,
 	}, true, backends.Options{}},

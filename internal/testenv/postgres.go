@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
+	"net/url"
 	"os"
 	"strings"
 	"sync/atomic"
@@ -56,6 +57,23 @@ func NewEmptyPG(t testing.TB) *PG {
 		pool.Close()
 	})
 	return pg
+}
+
+// PostgresTopicURL is the test server's URL with search_path set to a fresh, empty schema that
+// is dropped when the test ends: the tables of a watermill-sql topic (backends.Open with
+// postgres://) land there instead of piling up in public.
+func PostgresTopicURL(t testing.TB) string {
+	t.Helper()
+	pg := NewEmptyPG(t)
+	pg.Exec(t, "CREATE SCHEMA "+pg.Schema.Ident())
+	u, err := url.Parse(pg.URL)
+	if err != nil {
+		t.Fatalf("parse %s: %v", pg.URL, err)
+	}
+	q := u.Query()
+	q.Set("search_path", string(pg.Schema))
+	u.RawQuery = q.Encode()
+	return u.String()
 }
 
 // Exec runs a statement (rendered for the test's schema) and fails the test on error.
