@@ -78,6 +78,8 @@ func TestBackends_WatermillUniversalSuite(t *testing.T) {
 		t.Run(bc.scheme, func(t *testing.T) {
 			t.Parallel()
 			url := bc.url(t)
+			used := newTopicLog()
+			used.dropWhenDone(t, bc.scheme, url) // after every test of the suite has ended
 			features := bc.features
 			features.ForceShort = true // the short variant: the suite's many scenarios, with fewer messages each
 			features.GenerateTopicFunc = func(tctx tests.TestContext) string {
@@ -95,7 +97,7 @@ func TestBackends_WatermillUniversalSuite(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				return b.Publisher, sub
+				return used.publisher(b.Publisher), used.subscriber(sub, group)
 			}
 			tests.TestPubSub(t, features,
 				func(t *testing.T) (message.Publisher, message.Subscriber) { return constructor(t, "") },
@@ -111,8 +113,10 @@ func TestBackends_CloseClosesEveryChannelBeforeReturning(t *testing.T) {
 	for _, bc := range backendCases {
 		t.Run(bc.scheme, func(t *testing.T) {
 			t.Parallel()
-			b := openBackend(t, bc.url(t), bc.opts)
+			url := bc.url(t)
+			b := openBackend(t, url, bc.opts)
 			topic := "close_" + bc.scheme + "_" + watermill.NewShortUUID()
+			dropWhenDone(t, bc.scheme, url, []string{topic}, []string{"g_close"})
 			for i := range 30 {
 				sub, err := b.NewSubscriber("g_close")
 				if err != nil {

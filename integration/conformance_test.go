@@ -95,6 +95,7 @@ func runConformance(t *testing.T, bc backendCase) conformanceResult {
 	createEffects(t, pg)
 	b := openBackend(t, url, bc.opts)                  // redis: a 2s ClaimAfter, so the crashed consumer's pending messages move on quickly
 	topic := testenv.UniqueName(t, "conf") + ".placed" // dotted, as topics usually are
+	dropWhenDone(t, bc.scheme, url, []string{topic}, []string{"shipping", "billing"})
 	if bc.scheme == "amqp" {
 		for _, g := range []string{"shipping", "billing"} {
 			testenv.DeclareQueue(t, url, topic, g) // queues exist before the first publish

@@ -44,6 +44,7 @@ func runDisconnect(t *testing.T, scheme string, proxy *testenv.Proxy, url string
 	createEffects(t, pg)
 	b := openBackend(t, url, opts)
 	topic := testenv.UniqueName(t, "disc") + ".placed"
+	dropWhenDone(t, scheme, url, []string{topic}, []string{"app"})
 	if scheme == "amqp" {
 		testenv.DeclareQueue(t, testenv.AMQPURL(t), topic, "app")
 	}
