@@ -13,6 +13,7 @@ import (
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/handlers"
+	"github.com/outboxkit/outboxkit/pipeline"
 )
 
 // DefaultInboxRetention is how long inbox rows are kept, and so the deduplication window.
@@ -58,6 +59,13 @@ var ErrPossibleDuplicate = errors.New("possible duplicate: the message is older 
 // does not run and the message is acknowledged. Otherwise the handler finds the transaction with
 // handlers.TxFrom, makes its effect through it, and the effect and the inbox row commit together.
 // A handler error rolls both back and is returned, so the message is retried.
+//
+// Messages the handler returns (Watermill's AddHandler, whose router would publish them after the
+// handler) are written into the outbox in the same transaction, to the handler's publish topic,
+// and not returned: the forwarder relays them. A consumer's own events are then as safe as the
+// writer's — published at least once whatever happens after the commit, and never published for
+// an effect that rolled back — where the router's publish after the commit would lose them when
+// it failed or the process died, the redelivery being absorbed as a duplicate.
 func NewInbox(cfg InboxConfig) (message.HandlerMiddleware, error) {
 	b, err := newBase(cfg.Pool, cfg.Schema, cfg.Consumer)
 	if err != nil {
@@ -133,12 +141,41 @@ func NewInbox(cfg InboxConfig) (message.HandlerMiddleware, error) {
 			if err != nil {
 				return out, err
 			}
+			if err := emit(ctx, tx, b, msg, out); err != nil {
+				return nil, err
+			}
 			if err := tx.Commit(ctx); err != nil {
 				return nil, fmt.Errorf("commit inbox transaction for message %s: %w", msg.UUID, err)
 			}
-			return out, nil
+			return nil, nil
 		}
 	}, nil
+}
+
+// emit writes the messages a handler returned into the outbox, in the inbox's transaction, to the
+// handler's publish topic.
+func emit(ctx context.Context, tx pgx.Tx, b base, msg *message.Message, out []*message.Message) error {
+	if len(out) == 0 {
+		return nil
+	}
+	topic := message.PublishTopicFromCtx(ctx)
+	if topic == "" {
+		return fmt.Errorf("message %s: the handler returned %d messages but has no publish topic: register it with "+
+			"Router.AddHandler and a publish topic, or publish inside the handler with pipeline.NewPgxPublisher", msg.UUID, len(out))
+	}
+	for _, m := range out {
+		if m.Context() == context.Background() {
+			m.SetContext(ctx) // the consumer's trace context is stored with the row
+		}
+	}
+	pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: string(b.schema)})
+	if err != nil {
+		return err
+	}
+	if err := pub.Publish(topic, out...); err != nil {
+		return fmt.Errorf("write the %d messages the handler of %s returned into the outbox: %w", len(out), msg.UUID, err)
+	}
+	return nil
 }
 
 // PruneConfig configures PruneInbox.
