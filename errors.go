@@ -8,17 +8,20 @@ import (
 	"syscall"
 )
 
-// transportError marks an error as "the broker could not be reached": the message itself is not
-// at fault, so retrying it later is expected to succeed.
+// transportError marks an error as "a dependency could not be reached" (the broker, the database,
+// a service a handler calls): the message itself is not at fault, so retrying it later is expected
+// to succeed.
 type transportError struct{ err error }
 
-func (e *transportError) Error() string { return "broker unreachable: " + e.err.Error() }
+func (e *transportError) Error() string { return "unreachable: " + e.err.Error() }
 func (e *transportError) Unwrap() error { return e.err }
 
-// Transport wraps err to say that publishing failed because the broker could not be reached
+// Transport wraps err to say that the work failed because a dependency could not be reached
 // (connection refused or lost, channel closed, confirm timed out), not because of the message.
 // The forwarder opens its circuit on such errors and does not count them against a message's
-// attempts, so a broker outage delays messages instead of dead-lettering them.
+// attempts, so a broker outage delays messages instead of dead-lettering them; a consumer's
+// middleware.Circuit holds the message the same way when a handler returns one (a payment
+// gateway down, say), and never counts it toward the message's deliveries.
 //
 // Transport(nil) returns nil.
 func Transport(err error) error {
@@ -31,7 +34,7 @@ func Transport(err error) error {
 	return &transportError{err: err}
 }
 
-// IsTransport reports whether err means the broker could not be reached. It recognises errors
+// IsTransport reports whether err means a dependency could not be reached. It recognises errors
 // wrapped with Transport and the standard library's network failures: net.Error, refused or reset
 // connections, broken pipes, unexpected EOF and context deadlines (a confirm that never came).
 func IsTransport(err error) bool {

@@ -169,13 +169,18 @@ type msgKey struct{}
 // startEffectConsumer runs a consumer group behind the full middleware stack whose effect is a
 // row in effects (unique per consumer and message: a duplicate effect fails loudly). stop ends it
 // as a crash would, without acknowledging what it holds.
-func startEffectConsumer(t *testing.T, ctx context.Context, pg *testenv.PG, b *backends.Backend, topic, group string) (stop func()) {
+func startEffectConsumer(t *testing.T, ctx context.Context, pg *testenv.PG, b *backends.Backend, topic, group string,
+	tune ...func(*middleware.StackConfig)) (stop func()) {
 	t.Helper()
 	sub, err := b.NewSubscriber(group)
 	if err != nil {
 		t.Fatal(err)
 	}
-	stack, err := middleware.Stack(middleware.StackConfig{Pool: pg.Pool, Schema: string(pg.Schema), Consumer: group, MaxRetries: -1})
+	cfg := middleware.StackConfig{Pool: pg.Pool, Schema: string(pg.Schema), Consumer: group, MaxRetries: -1}
+	for _, fn := range tune {
+		fn(&cfg)
+	}
+	stack, err := middleware.Stack(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -47,6 +47,10 @@ type DeadLetterConfig struct {
 	PoisonPublisher message.Publisher
 	PoisonTopic     string
 
+	// IsUnreachable recognises failures to reach a dependency: they are never quarantined, not
+	// even on the last allowed delivery, since the message is not at fault. Default IsUnreachable.
+	IsUnreachable func(error) bool
+
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 	// Logger receives one line per quarantined message. Default: none.
@@ -90,6 +94,9 @@ func NewDeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
+	}
+	if cfg.IsUnreachable == nil {
+		cfg.IsUnreachable = IsUnreachable
 	}
 	insert := b.schema.Render(querySQL("quarantine.sql"))
 	inboxInsert := b.schema.Render(querySQL("insert_inbox.sql"))
@@ -159,6 +166,8 @@ func NewDeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 			switch {
 			case err == nil:
 				return out, nil
+			case cfg.IsUnreachable(err) && !handlers.IsPermanent(err):
+				return out, err // not the message's fault: the circuit waits for the dependency
 			case handlers.IsPermanent(err):
 				return nil, quarantine(msg, d, err.Error())
 			case d.count >= cfg.MaxDeliveries:

@@ -17,7 +17,8 @@ import (
 // delivery is what the middlewares learn about one delivery of a message, shared through the
 // message context from the outermost middleware inward.
 type delivery struct {
-	count        int // persistent delivery count; 0 when DeliveryCount is not in the stack
+	count        int  // persistent delivery count; 0 when DeliveryCount is not in the stack
+	counted      bool // DeliveryCount has counted this delivery (in-process retries do not count again)
 	duplicate    bool
 	deadLettered bool
 

@@ -36,6 +36,9 @@ type DeliveryCountConfig struct {
 	// broker had handed out (prefetched) but the handler never started, when the consumer died,
 	// is counted once more than it was handled, as a quorum queue's delivery limit counts it.
 	CountFirstDeliveries bool
+	// IsUnreachable recognises failures to reach a dependency: they are not recorded against the
+	// message. Default IsUnreachable.
+	IsUnreachable func(error) bool
 }
 
 // NewDeliveryCount counts every delivery of a message to this consumer in inbox_deliveries, in a
@@ -49,8 +52,10 @@ type DeliveryCountConfig struct {
 // therefore wait and then find the message processed, rather than all counting as attempts; if the
 // process dies, Postgres ends the session and releases the lock.
 //
-// If the count cannot be written the message is nacked (and delivered again later): running the
-// handler uncounted could let a poison message loop forever.
+// If the count cannot be written the message is not handled: running the handler uncounted could
+// let a poison message loop forever. The error goes out to the Circuit, which holds the message
+// until the database answers again. A delivery that the Circuit runs again after such an outage is
+// counted once: each broker delivery counts one, however often it is tried in-process.
 //
 // A delivery the broker vouches is the first (see CountFirstDeliveries) is counted as 1 without a
 // write: if it fails, the failure is counted then; if it kills the process, the broker's
@@ -68,7 +73,11 @@ func NewDeliveryCount(cfg DeliveryCountConfig) (message.HandlerMiddleware, error
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
 	}
+	if cfg.IsUnreachable == nil {
+		cfg.IsUnreachable = IsUnreachable
+	}
 	count := b.schema.Render(querySQL("count_delivery.sql"))
+	counted := b.schema.Render(querySQL("delivery_count.sql"))
 	failed := b.schema.Render(querySQL("delivery_failed.sql"))
 	firstFailed := b.schema.Render(querySQL("first_delivery_failed.sql"))
 	lock, unlock := querySQL("lock_message.sql"), querySQL("unlock_message.sql")
@@ -83,7 +92,7 @@ func NewDeliveryCount(cfg DeliveryCountConfig) (message.HandlerMiddleware, error
 			if known && !redelivered && !cfg.CountFirstDeliveries {
 				d.count = 1
 				out, err := h(msg)
-				if err != nil && !d.deadLettered {
+				if err != nil && !d.deadLettered && !cfg.IsUnreachable(err) {
 					// Recorded even when the delivery failed because its context ended.
 					rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 					_, uerr := b.pool.Exec(rctx, firstFailed, b.consumer, msg.UUID, cfg.Now(), pgtext.Storable(err.Error()))
@@ -105,10 +114,15 @@ func NewDeliveryCount(cfg DeliveryCountConfig) (message.HandlerMiddleware, error
 			if err != nil {
 				return nil, fmt.Errorf("acquire a connection for message %s: %w", msg.UUID, err)
 			}
-			// Lock and count in one round trip; the count runs only once the lock is held.
+			// Lock and count in one round trip; the count runs only once the lock is held. A
+			// delivery tried again in-process (the Circuit, after an outage) is not counted again.
 			batch := &pgx.Batch{}
 			batch.Queue(lock, b.consumer, msg.UUID)
-			batch.Queue(count, b.consumer, msg.UUID, cfg.Now(), firstCount).QueryRow(func(r pgx.Row) error { return r.Scan(&d.count) })
+			if d.counted {
+				batch.Queue(counted, b.consumer, msg.UUID).QueryRow(func(r pgx.Row) error { return r.Scan(&d.count) })
+			} else {
+				batch.Queue(count, b.consumer, msg.UUID, cfg.Now(), firstCount).QueryRow(func(r pgx.Row) error { return r.Scan(&d.count) })
+			}
 			results := conn.SendBatch(ctx, batch)
 			_, lockErr := results.Exec()
 			if lockErr != nil {
@@ -133,8 +147,9 @@ func NewDeliveryCount(cfg DeliveryCountConfig) (message.HandlerMiddleware, error
 			if err := results.Close(); err != nil {
 				return nil, fmt.Errorf("count delivery of message %s: %w", msg.UUID, err)
 			}
+			d.counted = true
 			out, err := h(msg)
-			if err != nil && !d.deadLettered {
+			if err != nil && !d.deadLettered && !cfg.IsUnreachable(err) {
 				if _, uerr := conn.Exec(ctx, failed, b.consumer, msg.UUID, pgtext.Storable(err.Error())); uerr != nil {
 					cfg.Logger.Error("Cannot record the delivery's error", uerr, watermill.LogFields{
 						"consumer": b.consumer, "message_uuid": msg.UUID,

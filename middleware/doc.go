@@ -2,9 +2,11 @@
 // delivery counting, dead-lettering, retries and the inbox, plus an opt-in per-key order guard
 // and metrics. Stack builds the recommended stack in the right order, outermost first:
 //
-//	Metrics → DeliveryCount → DeadLetter → Retry → Inbox → [OrderGuard] → handler
+//	Metrics → Circuit → DeliveryCount → DeadLetter → Retry → Inbox → [OrderGuard] → handler
 //
-// Metrics sees every outcome. DeliveryCount counts the delivery in its own commit before anything
+// Metrics sees every outcome. Circuit holds every message while a dependency (the database, a
+// service the handler calls) is unreachable and probes it with backoff, so an outage delays and
+// never counts toward a message's deliveries. DeliveryCount counts the delivery in its own commit before anything
 // else runs, so a message that crashes the process is still counted. DeadLetter quarantines a
 // message that failed permanently or on its last allowed delivery (or that was delivered more times
 // than allowed without ever finishing) and acknowledges it, so the queue keeps flowing. Retry

@@ -23,6 +23,9 @@ type RetryConfig struct {
 	// Backoff spaces the retries; its interval grows up to Max, never a silent constant.
 	// Default DefaultRetryBackoff.
 	Backoff outboxkit.Backoff
+	// IsUnreachable recognises failures to reach a dependency, which are left to the Circuit
+	// further out instead of being retried here. Default IsUnreachable.
+	IsUnreachable func(error) bool
 	// Logger receives one line per retry. Default: none.
 	Logger watermill.LoggerAdapter
 }
@@ -58,10 +61,13 @@ func NewRetry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
 	}
+	if cfg.IsUnreachable == nil {
+		cfg.IsUnreachable = IsUnreachable
+	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := h(msg)
-			for retry := 1; err != nil && retry <= cfg.MaxRetries && retryable(err); retry++ {
+			for retry := 1; err != nil && retry <= cfg.MaxRetries && retryable(err) && !cfg.IsUnreachable(err); retry++ {
 				wait := cfg.Backoff.Delay(retry)
 				cfg.Logger.Debug("Retrying message", watermill.LogFields{
 					"message_uuid": msg.UUID, "retry": retry, "wait": wait, "error": err.Error(),

@@ -40,6 +40,12 @@ type StackConfig struct {
 	PoisonTopic     string
 	// OrderGuard adds the per-key version guard (see NewOrderGuard). Default false.
 	OrderGuard bool
+	// CircuitBackoff spaces the probes while a dependency is unreachable. Default
+	// DefaultCircuitBackoff.
+	CircuitBackoff outboxkit.Backoff
+	// IsUnreachable decides whether a failure means a dependency could not be reached (the
+	// circuit holds the message; it never counts toward MaxDeliveries). Default IsUnreachable.
+	IsUnreachable func(error) bool
 
 	// Registerer receives the consumer's metrics. Default: no metrics middleware.
 	Registerer prometheus.Registerer
@@ -54,7 +60,7 @@ type StackConfig struct {
 // Stack builds the recommended middleware stack for one consumer, outermost first, ready for
 // Handler.AddMiddleware (Watermill runs the first one added outermost):
 //
-//	[Tracing] → [Metrics] → DeliveryCount → DeadLetter → Retry → Inbox → [OrderGuard] → handler
+//	[Tracing] → [Metrics] → Circuit → DeliveryCount → DeadLetter → Retry → Inbox → [OrderGuard] → handler
 func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 	var (
 		stack []message.HandlerMiddleware
@@ -73,12 +79,14 @@ func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 	if cfg.Registerer != nil {
 		add(NewMetrics(MetricsConfig{Consumer: cfg.Consumer, Registerer: cfg.Registerer, Now: cfg.Now}))
 	}
+	add(NewCircuit(CircuitConfig{Consumer: cfg.Consumer, Backoff: cfg.CircuitBackoff, IsUnreachable: cfg.IsUnreachable,
+		Registerer: cfg.Registerer, Now: cfg.Now, Logger: cfg.Logger}))
 	add(NewDeliveryCount(DeliveryCountConfig{Pool: cfg.Pool, Schema: cfg.Schema, Consumer: cfg.Consumer,
-		Now: cfg.Now, Logger: cfg.Logger, CountFirstDeliveries: cfg.CountFirstDeliveries}))
+		Now: cfg.Now, Logger: cfg.Logger, CountFirstDeliveries: cfg.CountFirstDeliveries, IsUnreachable: cfg.IsUnreachable}))
 	add(NewDeadLetter(DeadLetterConfig{Pool: cfg.Pool, Schema: cfg.Schema, Consumer: cfg.Consumer,
 		MaxDeliveries: cfg.MaxDeliveries, PoisonPublisher: cfg.PoisonPublisher, PoisonTopic: cfg.PoisonTopic,
-		Now: cfg.Now, Logger: cfg.Logger}))
-	add(NewRetry(RetryConfig{MaxRetries: cfg.MaxRetries, Backoff: cfg.RetryBackoff, Logger: cfg.Logger}))
+		IsUnreachable: cfg.IsUnreachable, Now: cfg.Now, Logger: cfg.Logger}))
+	add(NewRetry(RetryConfig{MaxRetries: cfg.MaxRetries, Backoff: cfg.RetryBackoff, IsUnreachable: cfg.IsUnreachable, Logger: cfg.Logger}))
 	add(NewInbox(InboxConfig{Pool: cfg.Pool, Schema: cfg.Schema, Consumer: cfg.Consumer,
 		Retention: cfg.InboxRetention, DisableFastPath: cfg.DisableFastPath, Now: cfg.Now, Logger: cfg.Logger}))
 	if cfg.OrderGuard {

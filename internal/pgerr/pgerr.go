@@ -3,7 +3,12 @@
 package pgerr
 
 import (
+	"database/sql/driver"
 	"errors"
+	"io"
+	"net"
+	"strings"
+	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/lib/pq"
@@ -15,6 +20,9 @@ const (
 	UndefinedTable       = "42P01"
 	InFailedTransaction  = "25P02"
 	AdminShutdown        = "57P01"
+	CrashShutdown        = "57P02"
+	CannotConnectNow     = "57P03"
+	TooManyConnections   = "53300"
 	QueryCanceled        = "57014"
 	IdleInTxTimeout      = "25P03"
 	SerializationFailure = "40001"
@@ -33,4 +41,31 @@ func Code(err error) (code, constraint string) {
 		return string(pqErr.Code), pqErr.Constraint
 	}
 	return "", ""
+}
+
+// Unreachable reports whether err means the database could not be reached, or dropped the
+// session, rather than that it refused the statement: a failed connect, a connection lost or
+// reset, the server shutting down, starting up or out of connection slots (SQLSTATE class 08,
+// 57P01-57P03, 53300). Work that failed so is expected to succeed once the database is back.
+func Unreachable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) || pgconn.SafeToRetry(err) || errors.Is(err, driver.ErrBadConn) {
+		return true
+	}
+	switch code, _ := Code(err); {
+	case strings.HasPrefix(code, "08"), code == AdminShutdown, code == CrashShutdown, code == CannotConnectNow,
+		code == TooManyConnections:
+		return true
+	}
+	var netErr net.Error
+	return errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) ||
+		errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, syscall.EPIPE)
 }

@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -18,6 +19,8 @@ type Proxy struct {
 	frozen chan struct{} // non-nil while frozen; closed by Thaw
 	conns  map[net.Conn]struct{}
 	wg     sync.WaitGroup
+
+	attempts atomic.Int64
 }
 
 // NewProxy listens on a free loopback port and forwards to target (host:port) until the test ends.
@@ -52,6 +55,10 @@ func ProxyURL(t testing.TB, rawURL string) (*Proxy, string) {
 
 // Addr is the proxy's host:port.
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
+
+// Attempts counts the connections clients have opened to the proxy so far, those refused while it
+// was cut included: how hard a client knocks during an outage.
+func (p *Proxy) Attempts() int64 { return p.attempts.Load() }
 
 // Cut drops every open connection and refuses new ones until Restore.
 func (p *Proxy) Cut() {
@@ -107,6 +114,7 @@ func (p *Proxy) accept() {
 		if err != nil {
 			return
 		}
+		p.attempts.Add(1)
 		p.mu.Lock()
 		if p.cut {
 			p.mu.Unlock()
