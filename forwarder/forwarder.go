@@ -82,7 +82,8 @@ func (f *Forwarder) passDone(published bool) {
 
 // hooks let tests provoke faults at exact points of a pass. They are nil in production.
 type hooks struct {
-	afterPublish func() error // an error here aborts the pass before marking, as a crash would
+	beforePublish func() error // an error here aborts the pass after claiming, before publishing
+	afterPublish  func() error // an error here aborts the pass before marking, as a crash would
 }
 
 // Result says what one pass did.
@@ -174,6 +175,11 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 		return res, nil
 	}
 
+	if f.hooks.beforePublish != nil {
+		if err := f.hooks.beforePublish(); err != nil {
+			return Result{}, err
+		}
+	}
 	publishCtx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
 	out := f.publishGroups(publishCtx, groups, inFlight)
 	cancel()

@@ -19,13 +19,29 @@ import (
 	"github.com/outboxkit/outboxkit/internal/testenv"
 )
 
+// Failure matrix, "crash after commit, before publish": the writer committed, and the relay that
+// claimed the rows died before publishing any. The rows stay pending, their locks die with the
+// relay's transaction, and the restarted relay publishes each exactly once.
 func TestDispatch_CrashAfterCommitBeforePublish(t *testing.T) {
 	t.Parallel()
 	pg := testenv.NewPG(t)
-	msgs := write(t, pg, []string{"a", "b"}, 3) // committed; no relay ran: as if it crashed
+	msgs := write(t, pg, []string{"a", "b"}, 3)
 
 	pub := newFakePublisher()
-	res := dispatch(t, newForwarder(t, pg, pub, newClock()))
+	clk := newClock()
+	dying := newForwarder(t, pg, pub, clk)
+	crash := errors.New("relay died after claiming, before publishing")
+	forwarder.SetBeforePublishHook(dying, func() error { return crash })
+	if _, err := dying.DispatchBatch(context.Background()); !errors.Is(err, crash) {
+		t.Fatalf("got %v, want the injected crash", err)
+	}
+	if n := len(pub.timesSent()); n != 0 {
+		t.Fatalf("%d messages published by the relay that died before publishing", n)
+	}
+	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE published_at IS NULL`); n != len(msgs) {
+		t.Fatalf("%d rows pending after the crash, want all %d", n, len(msgs))
+	}
+	res := dispatch(t, newForwarder(t, pg, pub, clk))
 	if res.Claimed != 6 || res.Published != 6 {
 		t.Fatalf("result = %+v, want 6 claimed and published", res)
 	}

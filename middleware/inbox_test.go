@@ -64,8 +64,9 @@ func TestInbox_FailedEffectLeavesNothingAndTheRetrySucceeds(t *testing.T) {
 
 // One message delivered 50 times at once: one effect, one inbox row, 49 duplicates.
 //
-// It holds about 50 database sessions, so it runs alone: not in parallel with the package's other
-// tests, its two cases one after the other.
+// It holds a database session per delivery, so it runs alone: not in parallel with the package's
+// other tests, its two cases one after the other; and it takes no more sessions than the shared
+// server can spare beside the other packages' tests (at least 20 deliveries at once).
 func TestInbox_FiftyConcurrentDeliveries(t *testing.T) {
 	for _, fp := range fastPaths {
 		t.Run(fp.name, func(t *testing.T) {
@@ -74,7 +75,8 @@ func TestInbox_FiftyConcurrentDeliveries(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			cfg.MaxConns = 52
+			n := e.pg.Sessions(t, 52, 22) - 2
+			cfg.MaxConns = int32(n + 2)
 			app := testenv.UniqueName(t, "inbox")
 			cfg.ConnConfig.RuntimeParams["application_name"] = app
 			pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
@@ -83,7 +85,6 @@ func TestInbox_FiftyConcurrentDeliveries(t *testing.T) {
 			}
 			defer pool.Close()
 
-			const n = 50
 			msg := orderMsg("o-1")
 			var runs atomic.Int32
 			h := func(m *message.Message) error {

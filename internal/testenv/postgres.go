@@ -111,3 +111,26 @@ func UniqueName(t testing.TB, prefix string) string {
 }
 
 var nameSeq atomic.Int64
+
+// Sessions returns how many sessions, up to want, a test may hold at once on the shared server
+// without starving the tests of other packages running beside it: the server's max_connections,
+// less its reserved slots, the sessions open now and a margin of 30. It waits up to a minute for
+// room for want; then it settles for what there is, failing the test below least.
+func (pg *PG) Sessions(t testing.TB, want, least int) int {
+	t.Helper()
+	const margin = 30
+	free := 0
+	deadline := time.Now().Add(time.Minute)
+	for {
+		free = pg.Int(t, `SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int
+			- (SELECT count(*) FROM pg_stat_activity)::int`) - margin
+		if free >= want || time.Now().After(deadline) {
+			break
+		}
+		<-time.After(200 * time.Millisecond)
+	}
+	if free < least {
+		t.Fatalf("only %d sessions free on the server (max_connections less those in use and a margin); the test needs %d", free, least)
+	}
+	return min(want, free)
+}
