@@ -26,6 +26,12 @@ const (
 	// per partition key). Optional; the consumer's order guard uses it.
 	MetadataVersion = "outboxkit_version"
 
+	// MetadataReplay marks a message sent again by an operator's replay (of a consumer's dead
+	// letter): a token unique to that replay. The message keeps its UUID, so every inbox still
+	// deduplicates on it, but brokers that drop a re-publish of a known message id (JetStream's
+	// Nats-Msg-Id within its DuplicateWindow) see a new id — the UUID and the token — and deliver it.
+	MetadataReplay = "outboxkit_replay"
+
 	// MetadataSeq is set by the forwarder to the row's position in the outbox (decimal). It is
 	// informative: the per-key order is already the order of publication.
 	MetadataSeq = "outboxkit_seq"
@@ -66,4 +72,14 @@ func CreatedAt(msg *message.Message) (t time.Time, ok bool) {
 	}
 	t, err := time.Parse(time.RFC3339Nano, raw)
 	return t, err == nil
+}
+
+// BrokerDedupID is the id under which a broker that deduplicates publishes (JetStream's
+// Nats-Msg-Id) should know msg: its UUID, or for a replay (MetadataReplay) the UUID and the replay
+// token, so that a replay is never dropped as a re-publish of the original.
+func BrokerDedupID(msg *message.Message) string {
+	if token := msg.Metadata.Get(MetadataReplay); token != "" {
+		return msg.UUID + "/replay/" + token
+	}
+	return msg.UUID
 }

@@ -217,7 +217,8 @@ func (s *natsSubscriber) Close() error {
 
 // natsPublisher makes sure a topic's stream exists before publishing to it, so that messages are
 // kept even before any consumer has subscribed, as with a Kafka topic, and publishes each message
-// with Nats-Msg-Id = its UUID, waiting for the stream's ack within the message's context.
+// with Nats-Msg-Id = its UUID (outboxkit.BrokerDedupID: a replay gets an id of its own), waiting
+// for the stream's ack within the message's context.
 //
 // It replaces watermill-nats's JetStream publisher, which publishes to a subject named after the
 // stream rather than the topic (a topic holding '.' - "orders.placed" - lands on no stream: "no
@@ -255,9 +256,15 @@ func (p *natsPublisher) Publish(topic string, msgs ...*message.Message) error {
 		if nm.Header == nil {
 			nm.Header = nats.Header{}
 		}
-		nm.Header.Set(nats.MsgIdHdr, m.UUID)
-		if _, err := p.js.PublishMsg(m.Context(), nm); err != nil {
+		nm.Header.Set(nats.MsgIdHdr, outboxkit.BrokerDedupID(m))
+		ack, err := p.js.PublishMsg(m.Context(), nm)
+		if err != nil {
 			return classifyNATS(fmt.Errorf("publish %s to %s: %w", m.UUID, topic, err))
+		}
+		if ack.Duplicate && m.Metadata.Get(outboxkit.MetadataReplay) != "" {
+			// A relay's re-publish that JetStream drops is fine (the stream has the message); a
+			// replay it drops would be a replay that silently did nothing.
+			return fmt.Errorf("publish %s to %s: JetStream dropped the replay as a duplicate of id %s", m.UUID, topic, outboxkit.BrokerDedupID(m))
 		}
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/internal/schema"
 )
 
@@ -107,7 +108,8 @@ type ReplayConfig struct {
 }
 
 // ReplayDeadLetters re-publishes the selected dead letters to the topics they came from, with their
-// UUIDs, payloads and metadata unchanged, and returns them. Each one's delivery count is reset
+// UUIDs, payloads and metadata unchanged but for a replay token (outboxkit.MetadataReplay, which
+// keeps brokers that deduplicate publishes from dropping the replay), and returns them. Each one's delivery count is reset
 // first, so that it gets its full MaxDeliveries again. A consumer that processed the message
 // meanwhile (or another consumer of the topic that already had it) absorbs the replay in its
 // inbox as a duplicate. Replay stops at the first message that cannot be published; those already
@@ -139,6 +141,7 @@ func ReplayDeadLetters(ctx context.Context, cfg ReplayConfig, filter DeadLetterF
 		}
 		msg := message.NewMessage(d.MessageID, d.Payload)
 		msg.Metadata = d.Metadata
+		msg.Metadata.Set(outboxkit.MetadataReplay, fmt.Sprintf("%d.%d", d.ID, cfg.Now().UnixNano()))
 		msg.SetContext(ctx)
 		if err := cfg.Publisher.Publish(d.Topic, msg); err != nil {
 			return letters[:i], fmt.Errorf("replay dead letter %d (message %s) to %s: %w", d.ID, d.MessageID, d.Topic, err)
