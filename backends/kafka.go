@@ -52,6 +52,7 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 	cfg.Producer.Idempotent = true                // the broker drops the producer's own retried duplicates
 	cfg.Net.MaxOpenRequests = 1                   // required by the idempotent producer
 	cfg.Net.DialTimeout = 5 * time.Second         // Sarama's 30s hides an unreachable broker for long
+	cfg.Version = kafkaVersion
 	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: marshaler, OverwriteSaramaConfig: cfg}, opts.Logger)
 	if err != nil {
 		return nil, err
@@ -63,6 +64,7 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 		newSubscriber: func(group string) (message.Subscriber, error) {
 			scfg := kafka.DefaultSaramaSubscriberConfig()
 			scfg.Consumer.Offsets.Initial = sarama.OffsetOldest // a new group reads what was published before it joined
+			kafkaGroupTimeouts(scfg)
 			return kafka.NewSubscriber(kafka.SubscriberConfig{
 				Brokers: brokers, Unmarshaler: marshaler, ConsumerGroup: group, OverwriteSaramaConfig: scfg,
 				// Topics created on subscribe take the broker's defaults (partitions, replication).
@@ -71,6 +73,35 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 		},
 		closers: []func() error{bounded.Close},
 	}, nil
+}
+
+// kafkaVersion is the protocol version spoken: Kafka 2.8 (2021) or newer. From 2.2 on a new member
+// joins in two steps (KIP-394): the broker hands out a member id first and forgets it if the
+// member never comes back; with Sarama's default 2.1 a member that dies or gives up mid-join
+// stays in the group, and every rebalance waits for it.
+var kafkaVersion = sarama.V2_8_0_0
+
+// Group timeouts. A JoinGroup request is answered only when the rebalance completes, which may take
+// up to the rebalance timeout, and Sarama waits for every response at most Net.ReadTimeout: with
+// its defaults (rebalance 60s, read 30s) a member that joins a group with a dead member gives up
+// its join after 30s, watermill-kafka opens a new consumer group with a new member id, and the
+// group rebalances again, for ever — a consumer killed with SIGKILL could wedge its group. So the
+// read timeout outlasts the rebalance timeout, and a dead member is noticed after a short session
+// timeout. Every member of a group must use these: a member whose rebalance timeout exceeds
+// kafkaReadTimeout (stock watermill-kafka's 60s) makes the others' joins time out while it is there.
+const (
+	kafkaRebalanceTimeout = 20 * time.Second // also the time a member has to finish its messages when partitions move
+	kafkaReadTimeout      = kafkaRebalanceTimeout + 10*time.Second
+	kafkaSessionTimeout   = 6 * time.Second // Kafka's smallest default group.min.session.timeout.ms
+	kafkaHeartbeat        = 2 * time.Second
+)
+
+func kafkaGroupTimeouts(cfg *sarama.Config) {
+	cfg.Version = kafkaVersion
+	cfg.Consumer.Group.Rebalance.Timeout = kafkaRebalanceTimeout
+	cfg.Net.ReadTimeout = kafkaReadTimeout
+	cfg.Consumer.Group.Session.Timeout = kafkaSessionTimeout
+	cfg.Consumer.Group.Heartbeat.Interval = kafkaHeartbeat
 }
 
 // classifyKafka marks the errors that mean the cluster could not take the message now.

@@ -59,6 +59,19 @@ func NewEmptyPG(t testing.TB) *PG {
 	return pg
 }
 
+// AttachPG opens a schema another process of the test made (a helper process's view of its
+// parent's schema). It closes the pool at the end but drops nothing.
+func AttachPG(t testing.TB, url, schemaName string) *PG {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatalf("connect to %s: %v", url, err)
+	}
+	pg := &PG{URL: url, Schema: schema.MustParse(schemaName), Pool: pool, DB: stdlib.OpenDBFromPool(pool)}
+	t.Cleanup(func() { _ = pg.DB.Close(); pool.Close() })
+	return pg
+}
+
 // PostgresTopicURL is the test server's URL with search_path set to a fresh, empty schema that
 // is dropped when the test ends: the tables of a watermill-sql topic (backends.Open with
 // postgres://) land there instead of piling up in public.

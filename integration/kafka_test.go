@@ -1,0 +1,185 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/IBM/sarama"
+
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/internal/testenv"
+)
+
+// createKafkaTopic creates topic with the given number of partitions on the broker at url.
+func createKafkaTopic(t testing.TB, url, topic string, partitions int32) {
+	t.Helper()
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V2_8_0_0
+	admin, err := sarama.NewClusterAdmin([]string{strings.TrimPrefix(url, "kafka://")}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false); err != nil {
+		t.Fatalf("create topic %s: %v", topic, err)
+	}
+}
+
+// Failure matrix on Kafka, "consumer killed": a consumer process in a group is killed with
+// SIGKILL again and again while events flow — it never leaves the group, its partitions stay
+// assigned to a member that will not answer. The group must settle each time: once a consumer runs
+// again, every event is applied, exactly once, within a bound.
+func TestKafka_ConsumerKilledRepeatedlyTheGroupSettles(t *testing.T) {
+	t.Parallel()
+	const (
+		kills     = 4
+		perRound  = 100
+		nKeys     = 20
+		settleMax = 90 * time.Second
+	)
+	pg := testenv.NewPG(t)
+	createEffects(t, pg)
+	url := testenv.KafkaURL(t)
+	topic := testenv.UniqueName(t, "kill") + ".placed"
+	createKafkaTopic(t, url, topic, 4)
+	group := testenv.UniqueName(t, "app") // groups live on in the shared broker: one of the test's own
+	b := openBackend(t, url, kafkaOpts)
+	run(t, newRelay(t, pg, b.Publisher))
+
+	start := func() *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperKafkaConsumer$", "-test.v")
+		cmd.Env = append(os.Environ(), "OUTBOXKIT_HELPER_KAFKA="+strings.Join([]string{pg.URL, string(pg.Schema), url, topic, group}, "|"))
+		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	kill := func(cmd *exec.Cmd) {
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		_ = cmd.Wait()
+	}
+	written := 0
+	for round := 0; round < kills; round++ {
+		cmd := start()
+		writeEvents(t, pg, topic, keys(nKeys), perRound/nKeys)
+		written += perRound
+		// Kill it at any moment: while it joins the group, while it consumes. The fault is held
+		// for its random span; nothing waits on a condition here.
+		<-time.After(time.Duration(300+rand.IntN(2700)) * time.Millisecond)
+		kill(cmd)
+	}
+	writeEvents(t, pg, topic, keys(nKeys), perRound/nKeys)
+	written += perRound
+	final := start()
+	t.Cleanup(func() { kill(final) })
+	began := time.Now()
+	testenv.Eventually(t, settleMax, fmt.Sprintf("all %d events to be applied after %d kills", written, kills), func() bool {
+		return countEffects(t, pg, group) >= written
+	})
+	t.Logf("after %d kills the last consumer applied the backlog within %s", kills, time.Since(began).Round(100*time.Millisecond))
+	if n := countEffects(t, pg, group); n != written {
+		t.Fatalf("%d effects, want exactly %d", n, written)
+	}
+}
+
+// TestHelperKafkaConsumer is the consumer process of TestKafka_ConsumerKilledRepeatedlyTheGroupSettles:
+// the test's group through the full stack, until it is killed.
+func TestHelperKafkaConsumer(t *testing.T) {
+	spec := os.Getenv("OUTBOXKIT_HELPER_KAFKA")
+	if spec == "" {
+		return // only meaningful as the subprocess
+	}
+	p := strings.Split(spec, "|")
+	pg := testenv.AttachPG(t, p[0], p[1])
+	b := openBackend(t, p[2], kafkaOpts)
+	startEffectConsumer(t, context.Background(), pg, b, p[3], p[4])
+	select {} // until killed
+}
+
+// kafkaOpts are the options the Kafka tests open the backend with.
+var kafkaOpts = backends.Options{}
+
+// On a topic of several partitions the relay keys every record by its partition key: a key's
+// records all land on one partition, in outbox order, and the keys spread over the partitions.
+func TestKafka_RecordKeyIsThePartitionKeyAndKeysKeepTheirOrder(t *testing.T) {
+	t.Parallel()
+	const partitions, nKeys, perKey = 4, 20, 10
+	pg := testenv.NewPG(t)
+	url := testenv.KafkaURL(t)
+	topic := testenv.UniqueName(t, "keyed") + ".placed"
+	createKafkaTopic(t, url, topic, partitions)
+	b := openBackend(t, url, kafkaOpts)
+	relay := newRelay(t, pg, b.Publisher)
+	writeEvents(t, pg, topic, keys(nKeys), perKey)
+	for {
+		res, err := relay.DispatchBatch(context.Background())
+		if err != nil || res.TransportErr != nil {
+			t.Fatalf("dispatch: %v %v", err, res.TransportErr)
+		}
+		if res.Claimed == 0 {
+			break
+		}
+	}
+
+	cfg := sarama.NewConfig()
+	cfg.Version = sarama.V2_8_0_0
+	consumer, err := sarama.NewConsumer([]string{strings.TrimPrefix(url, "kafka://")}, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer consumer.Close()
+	partitionOf := map[string]int32{}
+	lastSeq := map[string]int64{}
+	used := map[int32]bool{}
+	total := 0
+	for p := int32(0); p < partitions; p++ {
+		pc, err := consumer.ConsumePartition(topic, p, sarama.OffsetOldest)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hw := pc.HighWaterMarkOffset()
+		for off := int64(0); off < hw; off++ {
+			var rec *sarama.ConsumerMessage
+			select {
+			case rec = <-pc.Messages():
+			case <-time.After(10 * time.Second):
+				t.Fatalf("partition %d: offset %d of %d did not arrive", p, off, hw)
+			}
+			headers := map[string]string{}
+			for _, h := range rec.Headers {
+				headers[string(h.Key)] = string(h.Value)
+			}
+			key := headers["outboxkit_partition_key"]
+			if string(rec.Key) != key || key == "" {
+				t.Fatalf("record key %q, partition key %q: the record must be keyed by its partition key", rec.Key, key)
+			}
+			if prev, ok := partitionOf[key]; ok && prev != p {
+				t.Fatalf("key %s on partitions %d and %d", key, prev, p)
+			}
+			partitionOf[key], used[p] = p, true
+			seq, _ := strconv.ParseInt(headers["outboxkit_seq"], 10, 64)
+			if seq <= lastSeq[key] {
+				t.Fatalf("key %s: seq %d after %d", key, seq, lastSeq[key])
+			}
+			lastSeq[key] = seq
+			total++
+		}
+		_ = pc.Close()
+	}
+	if total != nKeys*perKey {
+		t.Fatalf("%d records, want %d", total, nKeys*perKey)
+	}
+	if len(used) < 2 {
+		t.Fatalf("%d keys all landed on %d partition(s): keys must spread", nKeys, len(used))
+	}
+}
