@@ -23,12 +23,20 @@ func natsStream(topic string) string {
 	return strings.NewReplacer(".", "_", "*", "_", ">", "_", " ", "_").Replace(topic)
 }
 
+// DefaultNATSAckWait is how long JetStream waits for a consumer's ack before it redelivers: the
+// delay before messages stranded by a lost connection or a dead consumer come back. Held messages
+// are kept alive with in-progress acks, so a slow handler is never redelivered behind its back.
+const DefaultNATSAckWait = 10 * time.Second
+
 func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
 	if opts.DuplicateWindow == 0 {
 		opts.DuplicateWindow = 2 * time.Minute
 	}
 	if opts.AckWait == 0 {
-		opts.AckWait = 30 * time.Second
+		opts.AckWait = DefaultNATSAckWait
+	}
+	if opts.Prefetch == 0 {
+		opts.Prefetch = DefaultPrefetch
 	}
 	connect := func(name string) (*nats.Conn, error) {
 		return nats.Connect(rawURL, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
@@ -66,7 +74,7 @@ func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error
 				return nil, err
 			}
 			return &natsSubscriber{conn: conn, js: js, group: group, streamConfig: streamConfig, ackWait: opts.AckWait,
-				logger: opts.Logger, closing: make(chan struct{})}, nil
+				batch: opts.Prefetch, logger: opts.Logger, closing: make(chan struct{})}, nil
 		},
 		closers: []func() error{func() error { nc.Close(); return nil }},
 	}, nil
@@ -74,6 +82,16 @@ func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error
 
 // natsSubscriber reads a topic's stream through the consumer group's durable consumer, reading
 // from the start with explicit acks; subscribers of one group share it.
+//
+// It fetches batches of at most batch messages and asks for the next batch only once the last
+// one is handled, so a handler that blocks never makes the client shed what it was handed (the
+// "slow consumer" drops of a pull iterator whose buffer fills while the handler waits, which the
+// broker redelivers only after AckWait). Every message handed over but not yet acknowledged —
+// in the handler or waiting behind it in the batch — is kept alive with an in-progress ack every
+// AckWait/3, so AckWait can be short: a message stranded by a lost connection or a dead consumer
+// comes back after AckWait, while one held by a slow handler (or by middleware.Circuit during an
+// outage) is never redelivered behind its back. A lost connection ends the batch at once: the next
+// fetch goes out as soon as the client has reconnected.
 //
 // It replaces watermill-nats's JetStream subscriber, whose message handler can send on the output
 // channel after its monitor closed it when a subscription's context ends ("send on closed
@@ -87,6 +105,7 @@ type natsSubscriber struct {
 	group        string
 	streamConfig func(string) jetstream.StreamConfig
 	ackWait      time.Duration
+	batch        int
 	logger       watermill.LoggerAdapter
 
 	mu      sync.Mutex
@@ -95,12 +114,10 @@ type natsSubscriber struct {
 	wg      sync.WaitGroup
 }
 
-func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return nil, errors.New("nats subscriber is closed")
-	}
+// natsFetchWait bounds one fetch: an idle consumer asks again this often.
+const natsFetchWait = 30 * time.Second
+
+func (s *natsSubscriber) consumer(ctx context.Context, topic string) (jetstream.Consumer, error) {
 	cfg := s.streamConfig(topic)
 	stream, err := s.js.CreateOrUpdateStream(ctx, cfg)
 	if err != nil {
@@ -116,6 +133,7 @@ func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 	consumer, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
 		Name: name, Durable: name, AckPolicy: jetstream.AckExplicitPolicy,
 		DeliverPolicy: jetstream.DeliverAllPolicy, AckWait: s.ackWait,
+		MaxAckPending: max(1000, 4*s.batch),
 	})
 	if err != nil {
 		if existing, cerr := stream.Consumer(ctx, name); cerr == nil {
@@ -125,41 +143,111 @@ func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 	if err != nil {
 		return nil, fmt.Errorf("consumer %s on %s: %w", name, topic, err)
 	}
-	iter, err := consumer.Messages(jetstream.PullMaxMessages(16))
+	return consumer, nil
+}
+
+// SubscribeInitialize creates the topic's stream and the group's durable consumer, which keeps
+// every message published from then on for the group.
+func (s *natsSubscriber) SubscribeInitialize(topic string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := s.consumer(ctx, topic)
+	return err
+}
+
+func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return nil, errors.New("nats subscriber is closed")
+	}
+	consumer, err := s.consumer(ctx, topic)
 	if err != nil {
-		return nil, fmt.Errorf("consume %s: %w", topic, err)
+		return nil, err
 	}
 	out := make(chan *message.Message)
-	stopped := make(chan struct{})
+	sctx, stop := context.WithCancel(ctx)
+	held := &natsHeld{msgs: map[jetstream.Msg]struct{}{}}
+	reconnected := s.conn.StatusChanged(nats.CONNECTED)
 	s.wg.Add(2)
-	go func() { // ends the iterator when the subscription or the subscriber ends
+	go func() { // ends the subscription with the subscriber; keeps held messages alive
 		defer s.wg.Done()
-		select {
-		case <-ctx.Done():
-		case <-s.closing:
-		case <-stopped:
+		defer s.conn.RemoveStatusListener(reconnected)
+		tick := time.NewTicker(max(s.ackWait/3, 10*time.Millisecond))
+		defer tick.Stop()
+		for {
+			select {
+			case <-sctx.Done():
+				return
+			case <-s.closing:
+				stop()
+				return
+			case <-reconnected:
+				held.interruptFetch()
+			case <-tick.C:
+				held.inProgress()
+			}
 		}
-		iter.Stop()
 	}()
 	go func() {
 		defer s.wg.Done()
 		defer close(out)
-		defer close(stopped)
-		for {
-			jm, err := iter.Next()
-			if err != nil {
-				if errors.Is(err, jetstream.ErrMsgIteratorClosed) || ctx.Err() != nil {
-					return
-				}
-				s.logger.Error("Cannot read from JetStream", err, watermill.LogFields{"topic": topic})
-				continue
-			}
-			if !s.deliver(ctx, jm, out) {
+		defer stop()
+		fields := watermill.LogFields{"topic": topic, "consumer_group": s.group}
+		for attempt := 1; sctx.Err() == nil; {
+			err := s.fetchAndDeliver(sctx, consumer, held, out)
+			switch {
+			case sctx.Err() != nil:
 				return
+			case err != nil:
+				wait := natsRetry.Delay(attempt)
+				attempt++
+				s.logger.Error("Cannot fetch from JetStream, retrying", err, fields.Add(watermill.LogFields{"retry_in": wait}))
+				select {
+				case <-sctx.Done():
+				case <-time.After(wait):
+				}
+			default:
+				attempt = 1
 			}
 		}
 	}()
 	return out, nil
+}
+
+// natsRetry paces fetches after a failed one (the server unreachable, the consumer being moved).
+var natsRetry = outboxkit.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2}
+
+// fetchAndDeliver fetches one batch and hands its messages over one by one as they arrive.
+func (s *natsSubscriber) fetchAndDeliver(ctx context.Context, consumer jetstream.Consumer, held *natsHeld, out chan<- *message.Message) error {
+	fctx, cancel := context.WithTimeout(ctx, natsFetchWait)
+	defer cancel()
+	held.setFetch(cancel)
+	batch, err := consumer.Fetch(s.batch, jetstream.FetchContext(fctx))
+	if err != nil {
+		return err
+	}
+	// Read the batch as it arrives, so that what waits behind the handler is known and kept alive.
+	queue := make(chan jetstream.Msg, s.batch)
+	go func() {
+		defer close(queue)
+		for jm := range batch.Messages() {
+			held.add(jm)
+			queue <- jm
+		}
+	}()
+	for jm := range queue {
+		if ctx.Err() != nil || !s.deliver(ctx, jm, out) {
+			held.remove(jm)
+			_ = jm.Nak() // never handed over, or the subscription ended: back to the group at once
+			continue
+		}
+		held.remove(jm)
+	}
+	if err := batch.Error(); err != nil && fctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) {
+		return err
+	}
+	return nil
 }
 
 // deliver hands one message to the consumer and settles it; false when the subscription ended.
@@ -172,13 +260,14 @@ func (s *natsSubscriber) deliver(ctx context.Context, jm jetstream.Msg, out chan
 	}
 	msgCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	if meta, err := jm.Metadata(); err == nil {
+		// JetStream counts deliveries per consumer: 1 vouches for a first delivery to this group.
+		msgCtx = outboxkit.WithRedelivered(msgCtx, meta.NumDelivered > 1)
+	}
 	msg.SetContext(msgCtx)
 	select {
 	case out <- msg:
 	case <-ctx.Done():
-		_ = jm.Nak()
-		return false
-	case <-s.closing:
 		_ = jm.Nak()
 		return false
 	}
@@ -194,9 +283,41 @@ func (s *natsSubscriber) deliver(ctx context.Context, jm jetstream.Msg, out chan
 	case <-ctx.Done():
 		_ = jm.Nak()
 		return false
-	case <-s.closing:
-		_ = jm.Nak()
-		return false
+	}
+}
+
+// natsHeld tracks the messages a subscription was handed and has not settled, and the fetch in
+// progress.
+type natsHeld struct {
+	mu    sync.Mutex
+	msgs  map[jetstream.Msg]struct{}
+	fetch context.CancelFunc
+}
+
+func (h *natsHeld) add(m jetstream.Msg)    { h.mu.Lock(); h.msgs[m] = struct{}{}; h.mu.Unlock() }
+func (h *natsHeld) remove(m jetstream.Msg) { h.mu.Lock(); delete(h.msgs, m); h.mu.Unlock() }
+
+func (h *natsHeld) setFetch(cancel context.CancelFunc) { h.mu.Lock(); h.fetch = cancel; h.mu.Unlock() }
+
+// interruptFetch ends the fetch in progress: after a reconnect the server no longer knows it.
+func (h *natsHeld) interruptFetch() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.fetch != nil {
+		h.fetch()
+	}
+}
+
+// inProgress resets the ack timer of every held message.
+func (h *natsHeld) inProgress() {
+	h.mu.Lock()
+	msgs := make([]jetstream.Msg, 0, len(h.msgs))
+	for m := range h.msgs {
+		msgs = append(msgs, m)
+	}
+	h.mu.Unlock()
+	for _, m := range msgs {
+		_ = m.InProgress()
 	}
 }
 

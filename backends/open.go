@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -20,7 +21,8 @@ type Options struct {
 	// Logger receives the adapters' logs. Default: none. All schemes.
 	Logger watermill.LoggerAdapter
 
-	// Prefetch is how many unacknowledged messages RabbitMQ hands a consumer. Default 16. amqp.
+	// Prefetch is how many unacknowledged messages the broker hands a consumer at once: RabbitMQ's
+	// prefetch count, the size of a JetStream fetch. Default DefaultPrefetch (16). amqp, nats.
 	Prefetch int
 	// QuorumQueues declares the consumer groups' queues as quorum queues (replicated). Default
 	// false: classic durable queues. amqp.
@@ -29,8 +31,9 @@ type Options struct {
 	// DuplicateWindow is how long JetStream remembers a message id to drop a duplicate publish.
 	// Default 2m. nats.
 	DuplicateWindow time.Duration
-	// AckWait is how long a consumer may hold a message before the broker redelivers it.
-	// Default 30s. nats.
+	// AckWait is how long JetStream waits for the ack of a message whose consumer stopped
+	// answering (a lost connection, a dead process) before it redelivers it; messages a live
+	// consumer holds are kept alive with in-progress acks. Default DefaultNATSAckWait (10s). nats.
 	AckWait time.Duration
 
 	// ClaimAfter is how long a message may stay pending with a consumer that stopped (crashed)
@@ -97,6 +100,9 @@ func (b *Backend) Close() error {
 	return errors.Join(errs...)
 }
 
+// DefaultPrefetch is how many unacknowledged messages a consumer is handed at once.
+const DefaultPrefetch = 16
+
 // Schemes lists the broker URL forms Open understands.
 const Schemes = "amqp://user:pass@host:5672/vhost (RabbitMQ), kafka://host:9092[,host:9092] (Kafka), " +
 	"nats://host:4222 (NATS JetStream), redis://host:6379/0 (Redis Streams), " +
@@ -149,17 +155,17 @@ func (o Options) check(scheme string) error {
 		family = scheme
 	}
 	var wrong []string
-	set := func(name, applies string, isSet bool) {
-		if isSet && applies != family {
-			wrong = append(wrong, fmt.Sprintf("%s applies to %s:// only", name, applies))
+	set := func(name string, isSet bool, applies ...string) {
+		if isSet && !slices.Contains(applies, family) {
+			wrong = append(wrong, fmt.Sprintf("%s applies to %s:// only", name, strings.Join(applies, ":// and ")))
 		}
 	}
-	set("Prefetch", "amqp", o.Prefetch != 0)
-	set("QuorumQueues", "amqp", o.QuorumQueues)
-	set("DuplicateWindow", "nats", o.DuplicateWindow != 0)
-	set("AckWait", "nats", o.AckWait != 0)
-	set("ClaimAfter", "redis", o.ClaimAfter != 0)
-	set("PollInterval", "postgres", o.PollInterval != 0)
+	set("Prefetch", o.Prefetch != 0, "amqp", "nats")
+	set("QuorumQueues", o.QuorumQueues, "amqp")
+	set("DuplicateWindow", o.DuplicateWindow != 0, "nats")
+	set("AckWait", o.AckWait != 0, "nats")
+	set("ClaimAfter", o.ClaimAfter != 0, "redis")
+	set("PollInterval", o.PollInterval != 0, "postgres")
 	if len(wrong) > 0 {
 		return fmt.Errorf("options that do not apply to %s://: %s", scheme, strings.Join(wrong, "; "))
 	}

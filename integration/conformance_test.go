@@ -166,19 +166,37 @@ func countEffects(t *testing.T, pg *testenv.PG, group string) int {
 // msgKey carries the message itself to the handler, which records its id, key and sequence.
 type msgKey struct{}
 
+// effectConsumerOpt tunes startEffectConsumer: the middleware stack's config, or a hook the
+// handler calls first.
+type effectConsumerOpt struct {
+	stack func(*middleware.StackConfig)
+	hook  func(*message.Message)
+}
+
+func withStack(fn func(*middleware.StackConfig)) effectConsumerOpt {
+	return effectConsumerOpt{stack: fn}
+}
+func withHook(fn func(*message.Message)) effectConsumerOpt { return effectConsumerOpt{hook: fn} }
+
 // startEffectConsumer runs a consumer group behind the full middleware stack whose effect is a
 // row in effects (unique per consumer and message: a duplicate effect fails loudly). stop ends it
 // as a crash would, without acknowledging what it holds.
 func startEffectConsumer(t *testing.T, ctx context.Context, pg *testenv.PG, b *backends.Backend, topic, group string,
-	tune ...func(*middleware.StackConfig)) (stop func()) {
+	opts ...effectConsumerOpt) (stop func()) {
 	t.Helper()
 	sub, err := b.NewSubscriber(group)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cfg := middleware.StackConfig{Pool: pg.Pool, Schema: string(pg.Schema), Consumer: group, MaxRetries: -1}
-	for _, fn := range tune {
-		fn(&cfg)
+	var hooks []func(*message.Message)
+	for _, o := range opts {
+		if o.stack != nil {
+			o.stack(&cfg)
+		}
+		if o.hook != nil {
+			hooks = append(hooks, o.hook)
+		}
 	}
 	stack, err := middleware.Stack(cfg)
 	if err != nil {
@@ -191,6 +209,9 @@ func startEffectConsumer(t *testing.T, ctx context.Context, pg *testenv.PG, b *b
 	effects := pg.Schema.Ident() + ".effects"
 	h := router.AddConsumerHandler(group, topic, sub, handlers.JSON(func(ctx context.Context, tx pgx.Tx, _ map[string]any) error {
 		m := ctx.Value(msgKey{}).(*message.Message)
+		for _, hook := range hooks {
+			hook(m)
+		}
 		seq, _ := strconv.ParseInt(m.Metadata.Get(outboxkit.MetadataSeq), 10, 64)
 		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (consumer, message_id, key, seq) VALUES ($1, $2, $3, $4)`,
 			group, m.UUID, outboxkit.PartitionKey(m), seq)

@@ -49,7 +49,7 @@ func TestConsumer_DatabaseOutageBacksOffAndLosesNothing(t *testing.T) {
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			startEffectConsumer(t, ctx, pg, b, topic, "app", func(cfg *middleware.StackConfig) { cfg.Pool = pool })
+			startEffectConsumer(t, ctx, pg, b, topic, "app", withStack(func(cfg *middleware.StackConfig) { cfg.Pool = pool }))
 			run(t, newRelay(t, pg, b.Publisher))
 
 			writeEvents(t, pg, topic, keys(nKeys), perPhase/nKeys)
