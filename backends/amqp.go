@@ -32,6 +32,15 @@ type AMQPConfig struct {
 	DialTimeout time.Duration
 	// Heartbeat is the AMQP heartbeat interval, which detects a dead connection. Default 10s.
 	Heartbeat time.Duration
+	// ConsumerGroups names, per topic, the consumer groups whose queues ("<topic>_<group>", bound
+	// to the topic's exchange) the publisher declares before it first publishes to the topic ("*":
+	// every topic). A fanout exchange drops what no queue is bound to take, and mandatory publishing
+	// fails only when no queue at all is bound: without this, a group whose queue does not exist
+	// yet misses, silently, everything published before it first subscribes. Default: none.
+	ConsumerGroups map[string][]string
+	// QuorumQueues declares those queues as quorum queues; it must match the subscribers'
+	// AMQPSubscriberConfig.QuorumQueues. Default false.
+	QuorumQueues bool
 	// Logger receives connection events. Default: none.
 	Logger watermill.LoggerAdapter
 }
@@ -85,7 +94,9 @@ type sharedChannel struct {
 	closeErr *amqp.Error
 }
 
-// NewAMQPPublisher builds the publisher and connects once, so a wrong URL fails here.
+// NewAMQPPublisher builds the publisher. A malformed URL fails here; the connection is made on the
+// first Publish (an unreachable broker is then a transport error, and the forwarder's circuit
+// waits for it), so a process starts while its broker is down.
 func NewAMQPPublisher(cfg AMQPConfig) (*AMQPPublisher, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("amqp publisher: URL is required, e.g. amqp://guest:guest@127.0.0.1:5672/")
@@ -108,11 +119,14 @@ func NewAMQPPublisher(cfg AMQPConfig) (*AMQPPublisher, error) {
 	if cfg.Channels < 0 || cfg.DialTimeout < 0 || cfg.Heartbeat < 0 {
 		return nil, errors.New("amqp publisher: Channels, DialTimeout and Heartbeat must not be negative")
 	}
-	p := &AMQPPublisher{cfg: cfg, slots: make([]*sharedChannel, cfg.Channels)}
-	if _, _, err := p.connection(); err != nil {
-		return nil, fmt.Errorf("amqp publisher: %w", err)
+	for topic, groups := range cfg.ConsumerGroups {
+		for _, g := range groups {
+			if g == "" {
+				return nil, fmt.Errorf("amqp publisher: ConsumerGroups[%q] holds an empty group name", topic)
+			}
+		}
 	}
-	return p, nil
+	return &AMQPPublisher{cfg: cfg, slots: make([]*sharedChannel, cfg.Channels)}, nil
 }
 
 // Publish sends the messages to the exchange named topic and waits for the broker's confirms,
@@ -336,9 +350,10 @@ func (p *AMQPPublisher) channel(ctx context.Context) (*sharedChannel, error) {
 	return sc, nil
 }
 
-// declare makes sure the topic's exchange exists, once per connection. It uses a channel of its
-// own, so that a refused declaration (the exchange exists with another type) closes that channel
-// only, and is reported as a message error: the topic is misconfigured, the broker is fine.
+// declare makes sure the topic's exchange exists, and the queues of the consumer groups declared
+// for it (ConsumerGroups), once per connection. It uses a channel of its own, so that a refused
+// declaration (the exchange exists with another type) closes that channel only, and is reported as
+// a message error: the topic is misconfigured, the broker is fine.
 func (p *AMQPPublisher) declare(ctx context.Context, exchange string) error {
 	conn, gen, err := p.connection()
 	if err != nil {
@@ -356,7 +371,15 @@ func (p *AMQPPublisher) declare(ctx context.Context, exchange string) error {
 			return outboxkit.Transport(fmt.Errorf("open channel: %w", err))
 		}
 		defer ch.Close() //nolint:errcheck // closed by the broker already when the declaration failed
-		return ch.ExchangeDeclare(exchange, "fanout", true, false, false, false, nil)
+		if err := ch.ExchangeDeclare(exchange, "fanout", true, false, false, false, nil); err != nil {
+			return err
+		}
+		for _, group := range groupsOf(p.cfg.ConsumerGroups, exchange) {
+			if _, err := declareGroupQueue(ch, exchange, group, p.cfg.QuorumQueues); err != nil {
+				return err
+			}
+		}
+		return nil
 	})
 	if err != nil {
 		var ae *amqp.Error
@@ -436,17 +459,39 @@ func redact(raw string) string {
 	return raw
 }
 
+// declareGroupQueue declares the durable queue of group for topic ("<topic>_<group>", the name
+// watermill-amqp's durable pub/sub gives it) and binds it to the topic's exchange.
+func declareGroupQueue(ch *amqp.Channel, topic, group string, quorum bool) (string, error) {
+	queue := wamqp.GenerateQueueNameTopicNameWithSuffix(group)(topic)
+	var args amqp.Table
+	if quorum {
+		args = amqp.Table{"x-queue-type": "quorum"}
+	}
+	if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
+		return "", fmt.Errorf("declare queue %s: %w", queue, err)
+	}
+	if err := ch.QueueBind(queue, "", topic, false, nil); err != nil {
+		return "", fmt.Errorf("bind queue %s to %s: %w", queue, topic, err)
+	}
+	return queue, nil
+}
+
 func openAMQP(rawURL string, opts Options) (*Backend, error) {
-	pub, err := NewAMQPPublisher(AMQPConfig{URL: rawURL, Logger: opts.Logger})
+	pub, err := NewAMQPPublisher(AMQPConfig{URL: rawURL, Logger: opts.Logger, ConsumerGroups: opts.ConsumerGroups,
+		QuorumQueues: opts.QuorumQueues})
 	if err != nil {
 		return nil, err
 	}
 	return &Backend{
 		Publisher: pub,
 		Features:  Features{PerKeyOrder: "queue", Persistent: true, ConsumerGroups: true},
-		newSubscriber: func(group string) (message.Subscriber, error) {
-			return NewAMQPSubscriber(AMQPSubscriberConfig{URL: rawURL, ConsumerGroup: group, Prefetch: opts.Prefetch,
+		newSubscriber: func(group string) (Subscriber, error) {
+			sub, err := NewAMQPSubscriber(AMQPSubscriberConfig{URL: rawURL, ConsumerGroup: group, Prefetch: opts.Prefetch,
 				QuorumQueues: opts.QuorumQueues, Logger: opts.Logger})
+			if err != nil {
+				return nil, err
+			}
+			return newRetryingSubscriber(sub, outboxkit.Transport, opts.Logger), nil
 		},
 		closers: []func() error{pub.Close},
 	}, nil

@@ -49,7 +49,7 @@ type AMQPSubscriberConfig struct {
 // It replaces watermill-amqp's subscriber, whose connection wrapper reassigns its state while
 // reconnecting without synchronisation (a data race on every broker blip, reported upstream as
 // ThreeDotsLabs/watermill#693) and whose Close dereferences a nil logger.
-func NewAMQPSubscriber(cfg AMQPSubscriberConfig) (message.Subscriber, error) {
+func NewAMQPSubscriber(cfg AMQPSubscriberConfig) (*AMQPSubscriber, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("amqp subscriber: URL is required, e.g. amqp://guest:guest@127.0.0.1:5672/")
 	}
@@ -80,18 +80,17 @@ func NewAMQPSubscriber(cfg AMQPSubscriberConfig) (message.Subscriber, error) {
 	if err := cfg.Reconnect.Validate("Reconnect"); err != nil {
 		return nil, fmt.Errorf("amqp subscriber: %w", err)
 	}
-	return &amqpSubscriber{
+	return &AMQPSubscriber{
 		cfg:       cfg,
 		marshaler: wamqp.DefaultMarshaler{PreprocessDelivery: stringifyHeaders},
-		queue:     wamqp.GenerateQueueNameTopicNameWithSuffix(cfg.ConsumerGroup),
 		closing:   make(chan struct{}),
 	}, nil
 }
 
-type amqpSubscriber struct {
+// AMQPSubscriber is a consumer group's subscriber on RabbitMQ; see NewAMQPSubscriber.
+type AMQPSubscriber struct {
 	cfg       AMQPSubscriberConfig
 	marshaler wamqp.DefaultMarshaler
-	queue     wamqp.QueueNameGenerator
 
 	mu      sync.Mutex
 	conn    *amqp.Connection
@@ -101,7 +100,7 @@ type amqpSubscriber struct {
 }
 
 // connection returns the live connection, dialing when there is none.
-func (s *amqpSubscriber) connection() (*amqp.Connection, error) {
+func (s *AMQPSubscriber) connection() (*amqp.Connection, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -123,27 +122,16 @@ func (s *amqpSubscriber) connection() (*amqp.Connection, error) {
 }
 
 // declare makes the topic's exchange and the group's queue, bound, on ch.
-func (s *amqpSubscriber) declare(ch *amqp.Channel, topic string) (string, error) {
+func (s *AMQPSubscriber) declare(ch *amqp.Channel, topic string) (string, error) {
 	if err := ch.ExchangeDeclare(topic, "fanout", true, false, false, false, nil); err != nil {
 		return "", fmt.Errorf("declare exchange %s: %w", topic, err)
 	}
-	queue := s.queue(topic)
-	var args amqp.Table
-	if s.cfg.QuorumQueues {
-		args = amqp.Table{"x-queue-type": "quorum"}
-	}
-	if _, err := ch.QueueDeclare(queue, true, false, false, false, args); err != nil {
-		return "", fmt.Errorf("declare queue %s: %w", queue, err)
-	}
-	if err := ch.QueueBind(queue, "", topic, false, nil); err != nil {
-		return "", fmt.Errorf("bind queue %s to %s: %w", queue, topic, err)
-	}
-	return queue, nil
+	return declareGroupQueue(ch, topic, s.cfg.ConsumerGroup, s.cfg.QuorumQueues)
 }
 
 // SubscribeInitialize declares the topic's exchange and the group's queue, so that messages
 // published before the first Subscribe are kept for the group.
-func (s *amqpSubscriber) SubscribeInitialize(topic string) error {
+func (s *AMQPSubscriber) SubscribeInitialize(topic string) error {
 	conn, err := s.connection()
 	if err != nil {
 		return fmt.Errorf("amqp subscriber: %w", err)
@@ -158,7 +146,7 @@ func (s *amqpSubscriber) SubscribeInitialize(topic string) error {
 }
 
 // consume opens a channel with its prefetch and starts consuming the group's queue.
-func (s *amqpSubscriber) consume(topic string) (*amqp.Channel, <-chan amqp.Delivery, error) {
+func (s *AMQPSubscriber) consume(topic string) (*amqp.Channel, <-chan amqp.Delivery, error) {
 	conn, err := s.connection()
 	if err != nil {
 		return nil, nil, err
@@ -184,7 +172,7 @@ func (s *amqpSubscriber) consume(topic string) (*amqp.Channel, <-chan amqp.Deliv
 
 // Subscribe declares the queue and starts consuming before it returns, so a message published
 // after it is delivered. The channel closes when ctx ends or the subscriber is closed.
-func (s *amqpSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+func (s *AMQPSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -215,7 +203,7 @@ func (s *amqpSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 
 // forward hands deliveries to the consumer one at a time until the subscription ends or the
 // channel is lost.
-func (s *amqpSubscriber) forward(ctx context.Context, deliveries <-chan amqp.Delivery, out chan<- *message.Message, fields watermill.LogFields) {
+func (s *AMQPSubscriber) forward(ctx context.Context, deliveries <-chan amqp.Delivery, out chan<- *message.Message, fields watermill.LogFields) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -235,7 +223,7 @@ func (s *amqpSubscriber) forward(ctx context.Context, deliveries <-chan amqp.Del
 
 // deliver hands one delivery over and settles it: ack on Ack, requeue on Nack or when the
 // subscription ends first. False when the subscription ended.
-func (s *amqpSubscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, fields watermill.LogFields) bool {
+func (s *AMQPSubscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, fields watermill.LogFields) bool {
 	msg, err := s.marshaler.Unmarshal(d)
 	if err != nil {
 		// The wire format is broken beyond what a handler can see: requeueing would loop forever,
@@ -277,7 +265,7 @@ func (s *amqpSubscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<
 
 // reconnect waits, with backoff, until the topic can be consumed again. False when the
 // subscription ended first.
-func (s *amqpSubscriber) reconnect(ctx context.Context, topic string, fields watermill.LogFields,
+func (s *AMQPSubscriber) reconnect(ctx context.Context, topic string, fields watermill.LogFields,
 	ch **amqp.Channel, deliveries *<-chan amqp.Delivery) bool {
 	for attempt := 1; ; attempt++ {
 		select {
@@ -307,7 +295,7 @@ func (s *amqpSubscriber) reconnect(ctx context.Context, topic string, fields wat
 
 // Close ends every subscription (what they hold is requeued), waits for them and closes the
 // connection.
-func (s *amqpSubscriber) Close() error {
+func (s *AMQPSubscriber) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()

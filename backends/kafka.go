@@ -53,23 +53,28 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 	cfg.Net.MaxOpenRequests = 1                   // required by the idempotent producer
 	cfg.Net.DialTimeout = 5 * time.Second         // Sarama's 30s hides an unreachable broker for long
 	cfg.Version = kafkaVersion
-	pub, err := kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: marshaler, OverwriteSaramaConfig: cfg}, opts.Logger)
-	if err != nil {
-		return nil, err
-	}
-	bounded := &boundedPublisher{Publisher: pub, classify: classifyKafka}
+	// Sarama's producer dials when it is made: make it on the first publish, so a process starts
+	// while the cluster is down.
+	lazy := &lazyPublisher{build: func() (message.Publisher, error) {
+		return kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: marshaler, OverwriteSaramaConfig: cfg}, opts.Logger)
+	}}
+	bounded := &boundedPublisher{Publisher: lazy, classify: classifyKafka}
 	return &Backend{
 		Publisher: bounded,
 		Features:  Features{PerKeyOrder: "partition", Persistent: true, ConsumerGroups: true},
-		newSubscriber: func(group string) (message.Subscriber, error) {
+		newSubscriber: func(group string) (Subscriber, error) {
 			scfg := kafka.DefaultSaramaSubscriberConfig()
 			scfg.Consumer.Offsets.Initial = sarama.OffsetOldest // a new group reads what was published before it joined
 			kafkaGroupTimeouts(scfg)
-			return kafka.NewSubscriber(kafka.SubscriberConfig{
+			sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
 				Brokers: brokers, Unmarshaler: marshaler, ConsumerGroup: group, OverwriteSaramaConfig: scfg,
 				// Topics created on subscribe take the broker's defaults (partitions, replication).
 				InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: -1, ReplicationFactor: -1},
 			}, opts.Logger)
+			if err != nil {
+				return nil, err
+			}
+			return newRetryingSubscriber(sub, classifyKafka, opts.Logger), nil
 		},
 		closers: []func() error{bounded.Close},
 	}, nil

@@ -19,7 +19,7 @@ func openMemory(rawURL string, opts Options) (*Backend, error) {
 	return &Backend{
 		Publisher:     bus,
 		Features:      Features{PerKeyOrder: "queue"},
-		newSubscriber: func(string) (message.Subscriber, error) { return &memorySubscriber{bus: bus}, nil },
+		newSubscriber: func(string) (Subscriber, error) { return &memorySubscriber{bus: bus}, nil },
 		closers:       []func() error{bus.Close},
 	}, nil
 }
@@ -48,6 +48,10 @@ func (s *memorySubscriber) Subscribe(ctx context.Context, topic string) (<-chan 
 	}
 	return s.relays.relay(ctx, in), nil
 }
+
+// SubscribeInitialize does nothing: the bus is persistent, a later subscription gets what was
+// published before it.
+func (s *memorySubscriber) SubscribeInitialize(string) error { return nil }
 
 func (s *memorySubscriber) Close() error {
 	return s.relays.close(func() error {

@@ -38,13 +38,11 @@ func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error
 	if opts.Prefetch == 0 {
 		opts.Prefetch = DefaultPrefetch
 	}
+	// A connection that cannot be made at once keeps trying in the background (as a lost one
+	// does): a process starts while its broker is down.
 	connect := func(name string) (*nats.Conn, error) {
 		return nats.Connect(rawURL, nats.Name(name), nats.MaxReconnects(-1), nats.ReconnectWait(500*time.Millisecond),
-			nats.Timeout(5*time.Second))
-	}
-	nc, err := connect("outboxkit-publisher")
-	if err != nil {
-		return nil, err
+			nats.Timeout(5*time.Second), nats.RetryOnFailedConnect(true))
 	}
 	// Streams keep every message (limits retention) so that each consumer group reads all of them
 	// through its own durable consumer, and drop a message id seen within DuplicateWindow.
@@ -54,16 +52,17 @@ func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error
 			Retention: jetstream.LimitsPolicy, Duplicates: opts.DuplicateWindow,
 		}
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, err
-	}
-	pub := &natsPublisher{js: js, streamConfig: streamConfig, ensured: map[string]bool{}}
+	pub := &natsPublisher{connect: func() (jetstream.JetStream, error) {
+		nc, err := connect("outboxkit-publisher")
+		if err != nil {
+			return nil, err
+		}
+		return jetstream.New(nc)
+	}, streamConfig: streamConfig, ensured: map[string]bool{}}
 	return &Backend{
 		Publisher: pub,
 		Features:  Features{PerKeyOrder: "queue", BrokerDedup: true, Persistent: true, ConsumerGroups: true},
-		newSubscriber: func(group string) (message.Subscriber, error) {
+		newSubscriber: func(group string) (Subscriber, error) {
 			conn, err := connect("outboxkit-" + group)
 			if err != nil {
 				return nil, err
@@ -73,10 +72,11 @@ func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error
 				conn.Close()
 				return nil, err
 			}
-			return &natsSubscriber{conn: conn, js: js, group: group, streamConfig: streamConfig, ackWait: opts.AckWait,
-				batch: opts.Prefetch, logger: opts.Logger, closing: make(chan struct{})}, nil
+			sub := &natsSubscriber{conn: conn, js: js, group: group, streamConfig: streamConfig, ackWait: opts.AckWait,
+				batch: opts.Prefetch, logger: opts.Logger, closing: make(chan struct{})}
+			return newRetryingSubscriber(sub, classifyNATS, opts.Logger), nil
 		},
-		closers: []func() error{func() error { nc.Close(); return nil }},
+		closers: []func() error{pub.Close},
 	}, nil
 }
 
@@ -346,14 +346,36 @@ func (s *natsSubscriber) Close() error {
 // response from stream") and waits for acks without the message's deadline. The wire format is
 // the same (its NATSMarshaler), so watermill-nats subscribers read what this publishes.
 type natsPublisher struct {
-	js           jetstream.JetStream
+	connect      func() (jetstream.JetStream, error) // on the first Publish
 	streamConfig func(string) jetstream.StreamConfig
 	marshaler    wmnats.NATSMarshaler
 	mu           sync.Mutex
+	js           jetstream.JetStream
+	closed       bool
 	ensured      map[string]bool
 }
 
+func (p *natsPublisher) jetStream() (jetstream.JetStream, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, errors.New("nats publisher is closed")
+	}
+	if p.js == nil {
+		js, err := p.connect()
+		if err != nil {
+			return nil, outboxkit.Transport(err)
+		}
+		p.js = js
+	}
+	return p.js, nil
+}
+
 func (p *natsPublisher) Publish(topic string, msgs ...*message.Message) error {
+	js, err := p.jetStream()
+	if err != nil {
+		return err
+	}
 	p.mu.Lock()
 	done := p.ensured[topic]
 	p.mu.Unlock()
@@ -362,7 +384,7 @@ func (p *natsPublisher) Publish(topic string, msgs ...*message.Message) error {
 		if len(msgs) > 0 {
 			ctx = msgs[0].Context()
 		}
-		if _, err := p.js.CreateOrUpdateStream(ctx, p.streamConfig(topic)); err != nil {
+		if _, err := js.CreateOrUpdateStream(ctx, p.streamConfig(topic)); err != nil {
 			return classifyNATS(fmt.Errorf("stream for %s: %w", topic, err))
 		}
 		p.mu.Lock()
@@ -378,7 +400,7 @@ func (p *natsPublisher) Publish(topic string, msgs ...*message.Message) error {
 			nm.Header = nats.Header{}
 		}
 		nm.Header.Set(nats.MsgIdHdr, outboxkit.BrokerDedupID(m))
-		ack, err := p.js.PublishMsg(m.Context(), nm)
+		ack, err := js.PublishMsg(m.Context(), nm)
 		if err != nil {
 			return classifyNATS(fmt.Errorf("publish %s to %s: %w", m.UUID, topic, err))
 		}
@@ -391,8 +413,16 @@ func (p *natsPublisher) Publish(topic string, msgs ...*message.Message) error {
 	return nil
 }
 
-// Close does nothing: the connection belongs to the Backend.
-func (p *natsPublisher) Close() error { return nil }
+// Close closes the publisher's connection, if it made one.
+func (p *natsPublisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	if p.js != nil {
+		p.js.Conn().Close()
+	}
+	return nil
+}
 
 func classifyNATS(err error) error {
 	for _, t := range []error{nats.ErrConnectionClosed, nats.ErrNoServers, nats.ErrTimeout, nats.ErrConnectionDraining,

@@ -21,6 +21,15 @@ type Options struct {
 	// Logger receives the adapters' logs. Default: none. All schemes.
 	Logger watermill.LoggerAdapter
 
+	// ConsumerGroups names, per topic, the consumer groups that read it ("*" lists groups that
+	// read every topic). Where a group's copy of the messages exists only once the group has
+	// subscribed — RabbitMQ, whose fanout exchange drops what no bound queue takes — the publisher
+	// declares each group's queue before it first publishes to the topic, so a group that
+	// subscribes late (a new service, a consumer deployed after the producer) still gets everything
+	// published since the producer started. The other brokers keep a topic's messages for groups
+	// that come later by themselves; there it changes nothing. Default: none. All schemes.
+	ConsumerGroups map[string][]string
+
 	// Prefetch is how many unacknowledged messages the broker hands a consumer at once: RabbitMQ's
 	// prefetch count, the size of a JetStream fetch. Default DefaultPrefetch (16). amqp, nats.
 	Prefetch int
@@ -69,15 +78,17 @@ type Backend struct {
 	// Features are the backend's guarantees.
 	Features Features
 
-	newSubscriber func(group string) (message.Subscriber, error)
+	newSubscriber func(group string) (Subscriber, error)
 	mu            sync.Mutex
 	closers       []func() error
 	closed        bool
 }
 
 // NewSubscriber returns a subscriber for one consumer group: every group gets every message of a
-// topic; consumers of one group share them (see Features.ConsumerGroups). Close it when done.
-func (b *Backend) NewSubscriber(consumerGroup string) (message.Subscriber, error) {
+// topic; consumers of one group share them (see Features.ConsumerGroups). It connects on first
+// use; a first Subscribe while the broker is down returns a channel at once and subscribes in the
+// background when the broker answers. Close it when done.
+func (b *Backend) NewSubscriber(consumerGroup string) (Subscriber, error) {
 	if consumerGroup == "" {
 		return nil, errors.New("backends: a consumer group is required: name the consuming service (e.g. \"shipping\")")
 	}
@@ -109,6 +120,10 @@ const Schemes = "amqp://user:pass@host:5672/vhost (RabbitMQ), kafka://host:9092[
 	"postgres://user@host:5432/db (a watermill-sql topic), memory:// (in-process, for demos and tests)"
 
 // Open builds the backend a URL names. Teams swap brokers by changing the URL, nothing else.
+//
+// Open does not connect: the publisher dials on its first Publish and each subscriber on its first
+// Subscribe, so a process starts while its broker is down (a consumer never opens a publisher's
+// connection it does not use). A malformed URL or option fails here.
 func Open(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
 	scheme, _, ok := strings.Cut(rawURL, "://")
 	if !ok || scheme == "" {
@@ -172,7 +187,25 @@ func (o Options) check(scheme string) error {
 	if o.Prefetch < 0 || o.DuplicateWindow < 0 || o.AckWait < 0 || o.ClaimAfter < 0 || o.PollInterval < 0 {
 		return errors.New("options must not be negative")
 	}
+	for topic, groups := range o.ConsumerGroups {
+		for _, g := range groups {
+			if g == "" {
+				return fmt.Errorf("ConsumerGroups[%q] holds an empty group name", topic)
+			}
+		}
+	}
 	return nil
+}
+
+// groupsOf returns the consumer groups declared for topic, those of "*" included.
+func groupsOf(consumerGroups map[string][]string, topic string) []string {
+	groups := append([]string(nil), consumerGroups["*"]...)
+	for _, g := range consumerGroups[topic] {
+		if !slices.Contains(groups, g) {
+			groups = append(groups, g)
+		}
+	}
+	return groups
 }
 
 // classifyingPublisher marks a publisher's errors as transport or message errors at the seam.
@@ -231,4 +264,47 @@ func (p *boundedPublisher) Close() error {
 	err := p.Publisher.Close()
 	p.wg.Wait()
 	return err
+}
+
+// lazyPublisher makes its publisher on the first Publish, and again on the next one after a
+// failure, for clients that connect when they are made.
+type lazyPublisher struct {
+	build  func() (message.Publisher, error)
+	mu     sync.Mutex
+	inner  message.Publisher
+	closed bool
+}
+
+func (p *lazyPublisher) get() (message.Publisher, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, errors.New("publisher is closed")
+	}
+	if p.inner == nil {
+		inner, err := p.build()
+		if err != nil {
+			return nil, err
+		}
+		p.inner = inner
+	}
+	return p.inner, nil
+}
+
+func (p *lazyPublisher) Publish(topic string, msgs ...*message.Message) error {
+	inner, err := p.get()
+	if err != nil {
+		return err
+	}
+	return inner.Publish(topic, msgs...)
+}
+
+func (p *lazyPublisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	if p.inner != nil {
+		return p.inner.Close()
+	}
+	return nil
 }

@@ -8,10 +8,10 @@ import (
 	"time"
 
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/internal/pgerr"
 )
 
 // openPostgres uses a watermill-sql topic (default schema: ordered, consumer groups) as the broker,
@@ -29,14 +29,8 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 		// (4 on this kind of machine) starves a handful of consumers. pool_max_conns in the URL wins.
 		cfg.MaxConns = 32
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg) // connects on first use
 	if err != nil {
-		if pool != nil {
-			pool.Close()
-		}
 		return nil, err
 	}
 	// BYTEA, not the default JSON: an outbox carries whatever bytes the writer stored (protobuf,
@@ -54,14 +48,9 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 		return nil, err
 	}
 	return &Backend{
-		Publisher: classifyingPublisher{Publisher: pub, classify: func(err error) error {
-			if outboxkit.IsTransport(err) {
-				return outboxkit.Transport(err)
-			}
-			return err
-		}},
-		Features: Features{PerKeyOrder: "queue", Persistent: true, ConsumerGroups: true},
-		newSubscriber: func(group string) (message.Subscriber, error) {
+		Publisher: classifyingPublisher{Publisher: pub, classify: classifyPostgres},
+		Features:  Features{PerKeyOrder: "queue", Persistent: true, ConsumerGroups: true},
+		newSubscriber: func(group string) (Subscriber, error) {
 			sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
 				ConsumerGroup: group, SchemaAdapter: adapter, OffsetsAdapter: offsets,
 				InitializeSchema: true, PollInterval: opts.PollInterval,
@@ -69,29 +58,14 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 			if err != nil {
 				return nil, err
 			}
-			return &pgSubscriber{Subscriber: sub}, nil
+			// The retrying subscriber's relays also make Close wait for every channel: v4.1.5's
+			// Close waits for its consume loops, but each loop signals done before its goroutine
+			// closes the channel, so Close could return with the channel still open.
+			return newRetryingSubscriber(sub, classifyPostgres, opts.Logger), nil
 		},
 		closers: []func() error{pub.Close, func() error { pool.Close(); return nil }},
 	}, nil
 }
-
-// pgSubscriber is watermill-sql's subscriber with a Close that returns only once every channel it
-// handed out is closed: v4.1.5's Close waits for its consume loops, but each loop signals done
-// before its goroutine closes the channel, so Close could return with the channel still open.
-type pgSubscriber struct {
-	*wsql.Subscriber // SubscribeInitialize as is
-	relays           relays
-}
-
-func (s *pgSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	in, err := s.Subscriber.Subscribe(ctx, topic)
-	if err != nil {
-		return nil, err
-	}
-	return s.relays.relay(ctx, in), nil
-}
-
-func (s *pgSubscriber) Close() error { return s.relays.close(s.Subscriber.Close) }
 
 // pgTable names a topic's table as watermill-sql does ("watermill_" + topic) while that fits in
 // Postgres's 63-byte identifiers. A longer name would be cut silently by Postgres, and two topics
@@ -104,4 +78,11 @@ func pgTable(prefix, topic string) string {
 		name = name[:63-17] + "_" + hex.EncodeToString(sum[:8])
 	}
 	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
+}
+
+func classifyPostgres(err error) error {
+	if outboxkit.IsTransport(err) || pgerr.Unreachable(err) {
+		return outboxkit.Transport(err)
+	}
+	return err
 }

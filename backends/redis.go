@@ -3,10 +3,11 @@ package backends
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
@@ -21,11 +22,7 @@ func openRedis(ctx context.Context, rawURL string, opts Options) (*Backend, erro
 	if err != nil {
 		return nil, err
 	}
-	client := redis.NewClient(ropts)
-	if err := client.Ping(ctx).Err(); err != nil {
-		_ = client.Close()
-		return nil, err
-	}
+	client := redis.NewClient(ropts) // connects on first use
 	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client}, opts.Logger)
 	if err != nil {
 		_ = client.Close()
@@ -34,14 +31,20 @@ func openRedis(ctx context.Context, rawURL string, opts Options) (*Backend, erro
 	return &Backend{
 		Publisher: classifyingPublisher{Publisher: pub, classify: classifyRedis},
 		Features:  Features{PerKeyOrder: "queue", Persistent: true, ConsumerGroups: true},
-		newSubscriber: func(group string) (message.Subscriber, error) {
-			return redisstream.NewSubscriber(redisstream.SubscriberConfig{
-				Client: redis.NewClient(ropts), ConsumerGroup: group,
+		newSubscriber: func(group string) (Subscriber, error) {
+			client := redis.NewClient(ropts)
+			sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
+				Client: client, ConsumerGroup: group,
 				Consumer:      group + "-" + uuid.NewString()[:8], // one name per process, so a dead one's messages can be claimed
 				MaxIdleTime:   opts.ClaimAfter,                    // pending that long with a silent consumer: claimed by another
 				ClaimInterval: opts.ClaimAfter / 3,
 				OldestId:      "0", // a new group reads the stream from its start
 			}, opts.Logger)
+			if err != nil {
+				_ = client.Close()
+				return nil, err
+			}
+			return newRetryingSubscriber(redisSubscriber{Subscriber: sub, client: client, group: group}, classifyRedis, opts.Logger), nil
 		},
 		closers: []func() error{pub.Close, client.Close},
 	}, nil
@@ -52,4 +55,23 @@ func classifyRedis(err error) error {
 		return outboxkit.Transport(err)
 	}
 	return err
+}
+
+// redisSubscriber is watermill-redisstream's subscriber (whose Close closes client) with
+// SubscribeInitialize: the group is created on the topic's stream (the stream too, if need be),
+// reading from its start.
+type redisSubscriber struct {
+	*redisstream.Subscriber
+	client *redis.Client
+	group  string
+}
+
+func (s redisSubscriber) SubscribeInitialize(topic string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := s.client.XGroupCreateMkStream(ctx, topic, s.group, "0").Err()
+	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		return classifyRedis(fmt.Errorf("create consumer group %s on %s: %w", s.group, topic, err))
+	}
+	return nil
 }

@@ -22,12 +22,33 @@ func (r *relays) init() { r.once.Do(func() { r.closing = make(chan struct{}) }) 
 // relay returns a channel that carries in's messages and is closed when in is, when ctx ends, or
 // when close is called.
 func (r *relays) relay(ctx context.Context, in <-chan *message.Message) <-chan *message.Message {
+	pending := make(chan (<-chan *message.Message), 1)
+	pending <- in
+	close(pending)
+	return r.relayLater(ctx, pending)
+}
+
+// relayLater is relay for a subscription made later: it carries the messages of the channel that
+// arrives on pending, and closes when pending closes empty, ctx ends, or close is called.
+func (r *relays) relayLater(ctx context.Context, pending <-chan (<-chan *message.Message)) <-chan *message.Message {
 	r.init()
 	out := make(chan *message.Message)
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
 		defer close(out)
+		var in <-chan *message.Message
+		select {
+		case got, ok := <-pending:
+			if !ok {
+				return
+			}
+			in = got
+		case <-r.closing:
+			return
+		case <-ctx.Done():
+			return
+		}
 		for msg := range in {
 			select {
 			case out <- msg:
@@ -41,6 +62,17 @@ func (r *relays) relay(ctx context.Context, in <-chan *message.Message) <-chan *
 		}
 	}()
 	return out
+}
+
+func (r *relays) closingCh() <-chan struct{} { r.init(); return r.closing }
+
+func (r *relays) isClosing() bool {
+	select {
+	case <-r.closingCh():
+		return true
+	default:
+		return false
+	}
 }
 
 // close stops handing messages out, closes the library's subscriber and waits until every

@@ -105,12 +105,18 @@ func run(ctx context.Context, o options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	broker, err := backends.Open(ctx, o.brokerURL, backends.Options{Logger: logger})
+	topic := o.schema + ".orders"
+	// The publisher declares each consumer group's queue before it first publishes (RabbitMQ), so a
+	// consumer that starts after the orders service misses nothing.
+	groups := make([]string, len(consumerNames))
+	for i, c := range consumerNames {
+		groups[i] = c.name
+	}
+	broker, err := backends.Open(ctx, o.brokerURL, backends.Options{Logger: logger, ConsumerGroups: map[string][]string{topic: groups}})
 	if err != nil {
-		return fmt.Errorf("cannot open the broker at %s: %w (start it, or pass --broker)", redact(o.brokerURL), err)
+		return fmt.Errorf("cannot open the broker at %s: %w (pass --broker)", redact(o.brokerURL), err)
 	}
 	defer broker.Close()
-	topic := o.schema + ".orders"
 	pub := &faultyPublisher{Publisher: broker.Publisher, failEvery: o.failPublishEvery, crashEvery: o.crashAfterPublish,
 		killRelay: func() { killSessions(pool, relayApp) }}
 	relay, err := forwarder.New(forwarder.Config{
