@@ -12,12 +12,12 @@ SERVICE_ENV = OUTBOXKIT_TEST_POSTGRES_URL='$(PG_URL)' OUTBOXKIT_TEST_AMQP_URL='$
 	OUTBOXKIT_TEST_NATS_URL='$(NATS_URL)' OUTBOXKIT_TEST_REDIS_URL='$(REDIS_URL)' \
 	OUTBOXKIT_TEST_KAFKA_URL='$(KAFKA_URL)' OUTBOXKIT_REQUIRE_SERVICES=1
 
-.PHONY: all test test-unit demo bench lint alerts services tidy
+.PHONY: all test test-unit demo bench lint alerts services tools tidy
 
 all: lint test
 
 ## test: everything — unit and integration tests against the local services, with the race detector.
-test: services
+test: services tools
 	$(SERVICE_ENV) $(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 ## test-unit: the tests that need no service (the others skip, naming the variable they need).
@@ -48,6 +48,10 @@ alerts:
 
 services:
 	@scripts/services.sh
+
+## tools: the clients outboxkit does not control that the interoperability tests drive (kcat, amqplib).
+tools:
+	@scripts/tools.sh
 
 tidy:
 	$(GO) mod tidy

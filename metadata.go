@@ -22,6 +22,10 @@ const (
 	// message older than their deduplication window.
 	MetadataCreatedAt = "outboxkit_created_at"
 
+	// MetadataContentType is the payload's media type ("application/json"). Backends publish it
+	// where the broker has a place for it (RabbitMQ's content_type, CloudEvents' datacontenttype).
+	MetadataContentType = "outboxkit_content_type"
+
 	// MetadataVersion holds the aggregate's version after the change the event records (1, 2, 3…
 	// per partition key). Optional; the consumer's order guard uses it.
 	MetadataVersion = "outboxkit_version"

@@ -41,6 +41,15 @@ type AMQPConfig struct {
 	// QuorumQueues declares those queues as quorum queues; it must match the subscribers'
 	// AMQPSubscriberConfig.QuorumQueues. Default false.
 	QuorumQueues bool
+	// ContentType is the content_type property of messages whose metadata names none
+	// (outboxkit.MetadataContentType). Default: none.
+	ContentType string
+	// CloudEvents adds each message's CloudEvents attributes as cloudEvents:* application
+	// properties (the AMQP binding's binary mode), for consumers using a CloudEvents SDK.
+	// Default false.
+	CloudEvents bool
+	// CloudEventsSource is the source attribute. Default DefaultCloudEventsSource.
+	CloudEventsSource string
 	// Logger receives connection events. Default: none.
 	Logger watermill.LoggerAdapter
 }
@@ -54,8 +63,10 @@ var ErrUnroutable = errors.New("unroutable: no queue is bound to the exchange")
 // and concurrent calls are pipelined: they share a few channels, each call waiting only for the
 // confirms of its own messages. Messages of one call are published in order on one channel.
 //
-// Messages are published mandatory, the UUID is the AMQP message_id, and metadata travels as
-// headers in watermill-amqp's format. Errors that mean the broker could not be reached (no
+// Messages are published mandatory, the UUID is the AMQP message_id, the event type the type,
+// the content type (metadata, or ContentType) the content_type, the outbox row's creation time the
+// timestamp, and metadata travels as headers in watermill-amqp's format (plus cloudEvents:*
+// properties with CloudEvents). Errors that mean the broker could not be reached (no
 // connection, connection lost, no confirm before the message context's deadline, a negative
 // confirm) are marked outboxkit.Transport; a refusal of the message (unroutable, a channel-level
 // exception such as an oversized message) is not.
@@ -69,6 +80,7 @@ var ErrUnroutable = errors.New("unroutable: no queue is bound to the exchange")
 type AMQPPublisher struct {
 	cfg       AMQPConfig
 	marshaler wamqp.DefaultMarshaler
+	wire      wireFormat
 
 	mu       sync.Mutex
 	conn     *amqp.Connection
@@ -126,7 +138,8 @@ func NewAMQPPublisher(cfg AMQPConfig) (*AMQPPublisher, error) {
 			}
 		}
 	}
-	return &AMQPPublisher{cfg: cfg, slots: make([]*sharedChannel, cfg.Channels)}, nil
+	wire := newWireFormat(Options{CloudEvents: cfg.CloudEvents, CloudEventsSource: cfg.CloudEventsSource, ContentType: cfg.ContentType})
+	return &AMQPPublisher{cfg: cfg, wire: wire, slots: make([]*sharedChannel, cfg.Channels)}, nil
 }
 
 // Publish sends the messages to the exchange named topic and waits for the broker's confirms,
@@ -152,8 +165,7 @@ func (p *AMQPPublisher) Publish(topic string, msgs ...*message.Message) error {
 		if err != nil {
 			return fmt.Errorf("marshal message %s: %w", msg.UUID, err)
 		}
-		pub.MessageId = msg.UUID
-		pub.DeliveryMode = amqp.Persistent
+		p.properties(topic, msg, &pub)
 		dc, err := sc.ch.PublishWithDeferredConfirmWithContext(ctx, topic, "", true, false, pub)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -189,6 +201,24 @@ func (p *AMQPPublisher) Publish(topic string, msgs ...*message.Message) error {
 		return fmt.Errorf("publish to exchange %q: messages %s: %w", topic, strings.Join(unroutable, ", "), ErrUnroutable)
 	}
 	return nil
+}
+
+// properties sets the AMQP properties other clients read: message_id, type, content_type,
+// timestamp, and the CloudEvents application properties when asked for.
+func (p *AMQPPublisher) properties(topic string, msg *message.Message, pub *amqp.Publishing) {
+	pub.MessageId = msg.UUID
+	pub.DeliveryMode = amqp.Persistent
+	pub.Type = outboxkit.EventType(msg)
+	pub.ContentType = p.wire.messageContentType(msg)
+	pub.Timestamp = time.Now()
+	if created, ok := outboxkit.CreatedAt(msg); ok {
+		pub.Timestamp = created
+	}
+	for name, v := range p.wire.ceAttributes(topic, msg) {
+		if name != "datacontenttype" { // the binding carries it as content_type
+			pub.Headers[cePrefixAMQP+name] = v
+		}
+	}
 }
 
 func (sc *sharedChannel) track(dc *amqp.DeferredConfirmation) {
@@ -478,7 +508,8 @@ func declareGroupQueue(ch *amqp.Channel, topic, group string, quorum bool) (stri
 
 func openAMQP(rawURL string, opts Options) (*Backend, error) {
 	pub, err := NewAMQPPublisher(AMQPConfig{URL: rawURL, Logger: opts.Logger, ConsumerGroups: opts.ConsumerGroups,
-		QuorumQueues: opts.QuorumQueues})
+		QuorumQueues: opts.QuorumQueues, ContentType: opts.ContentType, CloudEvents: opts.CloudEvents,
+		CloudEventsSource: opts.CloudEventsSource})
 	if err != nil {
 		return nil, err
 	}

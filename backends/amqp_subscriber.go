@@ -224,7 +224,7 @@ func (s *AMQPSubscriber) forward(ctx context.Context, deliveries <-chan amqp.Del
 // deliver hands one delivery over and settles it: ack on Ack, requeue on Nack or when the
 // subscription ends first. False when the subscription ended.
 func (s *AMQPSubscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, fields watermill.LogFields) bool {
-	msg, err := s.marshaler.Unmarshal(d)
+	msg, err := s.unmarshal(d)
 	if err != nil {
 		// The wire format is broken beyond what a handler can see: requeueing would loop forever,
 		// so the broker gets it back unrequeued (dead-lettered where the queue has a DLX).
@@ -261,6 +261,39 @@ func (s *AMQPSubscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<
 		_ = d.Nack(false, true)
 		return false
 	}
+}
+
+// unmarshal reads a delivery in watermill-amqp's format, or one another producer wrote: without
+// Watermill's UUID header the AMQP message_id (or the CloudEvents id) is the UUID, and the type,
+// content_type and timestamp properties and the cloudEvents:* application properties fill in the
+// event type, content type, creation time, partition key and trace context.
+func (s *AMQPSubscriber) unmarshal(d amqp.Delivery) (*message.Message, error) {
+	msg, err := s.marshaler.Unmarshal(d)
+	if err != nil {
+		return nil, err
+	}
+	if msg.UUID == "" {
+		msg.UUID = d.MessageId
+	}
+	adoptForeign(msg, func(name string) string {
+		for _, prefix := range []string{cePrefixAMQP, "cloudEvents_"} { // binding 1.0.1+, and earlier
+			if v, ok := d.Headers[prefix+name]; ok {
+				return fmt.Sprint(v)
+			}
+		}
+		switch name {
+		case "type":
+			return d.Type
+		case "datacontenttype":
+			return d.ContentType
+		case "time":
+			if !d.Timestamp.IsZero() {
+				return d.Timestamp.UTC().Format(time.RFC3339Nano)
+			}
+		}
+		return ""
+	})
+	return msg, nil
 }
 
 // reconnect waits, with backoff, until the topic can be consumed again. False when the

@@ -45,7 +45,7 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 	if len(brokers) == 0 {
 		return nil, errors.New("no broker address: use kafka://host:9092[,host:9092]")
 	}
-	marshaler := kafka.NewWithPartitioningMarshaler(kafkaKey)
+	marshaler := kafkaMarshaler{inner: kafka.NewWithPartitioningMarshaler(kafkaKey), wire: newWireFormat(opts)}
 
 	cfg := kafka.DefaultSaramaSyncPublisherConfig()
 	cfg.Producer.RequiredAcks = sarama.WaitForAll // every in-sync replica has the message
@@ -78,6 +78,44 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 		},
 		closers: []func() error{bounded.Close},
 	}, nil
+}
+
+// kafkaMarshaler is watermill-kafka's format, keyed by partition key, with the CloudEvents Kafka
+// binding's headers when asked for, and able to read a CloudEvent another producer wrote.
+type kafkaMarshaler struct {
+	inner kafka.MarshalerUnmarshaler
+	wire  wireFormat
+}
+
+func (m kafkaMarshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
+	pm, err := m.inner.Marshal(topic, msg)
+	if err != nil {
+		return nil, err
+	}
+	for name, v := range m.wire.ceAttributes(topic, msg) {
+		key := cePrefixKafka + name
+		if name == "datacontenttype" {
+			key = ceContentType
+		}
+		pm.Headers = append(pm.Headers, sarama.RecordHeader{Key: []byte(key), Value: []byte(v)})
+	}
+	return pm, nil
+}
+
+func (m kafkaMarshaler) Unmarshal(cm *sarama.ConsumerMessage) (*message.Message, error) {
+	msg, err := m.inner.Unmarshal(cm)
+	if err != nil {
+		return nil, err
+	}
+	foreign := msg.UUID == ""
+	attrs := metadataAttrs(msg.Metadata, cePrefixKafka, ceContentType)
+	adoptForeign(msg, func(name string) string {
+		if v := attrs(name); v != "" || name != "partitionkey" || !foreign {
+			return v
+		}
+		return string(cm.Key) // the binding maps the partition key to the record key
+	})
+	return msg, nil
 }
 
 // kafkaVersion is the protocol version spoken: Kafka 2.8 (2021) or newer. From 2.2 on a new member

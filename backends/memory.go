@@ -17,10 +17,14 @@ func openMemory(rawURL string, opts Options) (*Backend, error) {
 	}
 	bus := gochannel.NewGoChannel(gochannel.Config{Persistent: true, OutputChannelBuffer: 1024}, opts.Logger)
 	return &Backend{
-		Publisher:     bus,
-		Features:      Features{PerKeyOrder: "queue"},
-		newSubscriber: func(string) (Subscriber, error) { return &memorySubscriber{bus: bus}, nil },
-		closers:       []func() error{bus.Close},
+		Publisher: metadataFormat{Publisher: bus, wire: newWireFormat(opts)},
+		Features:  Features{PerKeyOrder: "queue"},
+		newSubscriber: func(string) (Subscriber, error) {
+			s := &memorySubscriber{bus: bus}
+			s.relays.transform = func(msg *message.Message) { adoptForeign(msg, metadataAttrs(msg.Metadata, cePrefixOther, "")) }
+			return s, nil
+		},
+		closers: []func() error{bus.Close},
 	}, nil
 }
 

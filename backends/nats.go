@@ -52,7 +52,7 @@ func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error
 			Retention: jetstream.LimitsPolicy, Duplicates: opts.DuplicateWindow,
 		}
 	}
-	pub := &natsPublisher{connect: func() (jetstream.JetStream, error) {
+	pub := &natsPublisher{wire: newWireFormat(opts), connect: func() (jetstream.JetStream, error) {
 		nc, err := connect("outboxkit-publisher")
 		if err != nil {
 			return nil, err
@@ -258,6 +258,11 @@ func (s *natsSubscriber) deliver(ctx context.Context, jm jetstream.Msg, out chan
 		_ = jm.Term() // it can never be read: JetStream stops redelivering it
 		return true
 	}
+	// A message another producer wrote: its CloudEvents id, or its JetStream message id.
+	adoptForeign(msg, metadataAttrs(msg.Metadata, cePrefixNATS, ceContentType))
+	if msg.UUID == "" {
+		msg.UUID = jm.Headers().Get(nats.MsgIdHdr)
+	}
 	msgCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if meta, err := jm.Metadata(); err == nil {
@@ -347,6 +352,7 @@ func (s *natsSubscriber) Close() error {
 // the same (its NATSMarshaler), so watermill-nats subscribers read what this publishes.
 type natsPublisher struct {
 	connect      func() (jetstream.JetStream, error) // on the first Publish
+	wire         wireFormat
 	streamConfig func(string) jetstream.StreamConfig
 	marshaler    wmnats.NATSMarshaler
 	mu           sync.Mutex
@@ -400,6 +406,13 @@ func (p *natsPublisher) Publish(topic string, msgs ...*message.Message) error {
 			nm.Header = nats.Header{}
 		}
 		nm.Header.Set(nats.MsgIdHdr, outboxkit.BrokerDedupID(m))
+		for name, v := range p.wire.ceAttributes(topic, m) {
+			if name == "datacontenttype" {
+				nm.Header.Set(ceContentType, v)
+			} else {
+				nm.Header.Set(cePrefixNATS+name, v)
+			}
+		}
 		ack, err := js.PublishMsg(m.Context(), nm)
 		if err != nil {
 			return classifyNATS(fmt.Errorf("publish %s to %s: %w", m.UUID, topic, err))

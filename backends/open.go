@@ -30,6 +30,24 @@ type Options struct {
 	// that come later by themselves; there it changes nothing. Default: none. All schemes.
 	ConsumerGroups map[string][]string
 
+	// CloudEvents adds, beside Watermill's own format, each message's CloudEvents attributes in
+	// the broker's binary content mode — Kafka ce_* headers and content-type, AMQP cloudEvents:*
+	// application properties and content_type, NATS ce-* headers and content-type; ce_* fields and
+	// metadata on Redis, a watermill-sql topic and in memory, which have no binding — so that a
+	// service in any language reads what the forwarder sends with its stock CloudEvents SDK: id =
+	// the UUID, type = the event type, time = the outbox row's creation, partitionkey = the
+	// partition key (also Kafka's record key), traceparent/tracestate from the writer's trace.
+	// Reading needs no option: a message without Watermill's UUID is read from its CloudEvents
+	// attributes (or RabbitMQ's message_id). Default false. All schemes.
+	CloudEvents bool
+	// CloudEventsSource is the CloudEvents source attribute. Default DefaultCloudEventsSource.
+	// All schemes.
+	CloudEventsSource string
+	// ContentType is the content type of messages whose metadata names none
+	// (outboxkit.MetadataContentType; pipeline.NewJSONEvent sets application/json): RabbitMQ's
+	// content_type property, CloudEvents' datacontenttype. Default: none. All schemes.
+	ContentType string
+
 	// Prefetch is how many unacknowledged messages the broker hands a consumer at once: RabbitMQ's
 	// prefetch count, the size of a JetStream fetch. Default DefaultPrefetch (16). amqp, nats.
 	Prefetch int

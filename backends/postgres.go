@@ -48,7 +48,7 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 		return nil, err
 	}
 	return &Backend{
-		Publisher: classifyingPublisher{Publisher: pub, classify: classifyPostgres},
+		Publisher: classifyingPublisher{Publisher: metadataFormat{Publisher: pub, wire: newWireFormat(opts)}, classify: classifyPostgres},
 		Features:  Features{PerKeyOrder: "queue", Persistent: true, ConsumerGroups: true},
 		newSubscriber: func(group string) (Subscriber, error) {
 			sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
@@ -61,7 +61,7 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 			// The retrying subscriber's relays also make Close wait for every channel: v4.1.5's
 			// Close waits for its consume loops, but each loop signals done before its goroutine
 			// closes the channel, so Close could return with the channel still open.
-			return newRetryingSubscriber(sub, classifyPostgres, opts.Logger), nil
+			return newRetryingSubscriber(sub, classifyPostgres, opts.Logger).readingForeign(), nil
 		},
 		closers: []func() error{pub.Close, func() error { pool.Close(); return nil }},
 	}, nil

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
@@ -23,7 +24,8 @@ func openRedis(ctx context.Context, rawURL string, opts Options) (*Backend, erro
 		return nil, err
 	}
 	client := redis.NewClient(ropts) // connects on first use
-	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client}, opts.Logger)
+	marshaller := redisMarshaller{wire: newWireFormat(opts)}
+	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client, Marshaller: marshaller}, opts.Logger)
 	if err != nil {
 		_ = client.Close()
 		return nil, err
@@ -34,7 +36,7 @@ func openRedis(ctx context.Context, rawURL string, opts Options) (*Backend, erro
 		newSubscriber: func(group string) (Subscriber, error) {
 			client := redis.NewClient(ropts)
 			sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
-				Client: client, ConsumerGroup: group,
+				Client: client, ConsumerGroup: group, Unmarshaller: marshaller,
 				Consumer:      group + "-" + uuid.NewString()[:8], // one name per process, so a dead one's messages can be claimed
 				MaxIdleTime:   opts.ClaimAfter,                    // pending that long with a silent consumer: claimed by another
 				ClaimInterval: opts.ClaimAfter / 3,
@@ -74,4 +76,50 @@ func (s redisSubscriber) SubscribeInitialize(topic string) error {
 		return classifyRedis(fmt.Errorf("create consumer group %s on %s: %w", s.group, topic, err))
 	}
 	return nil
+}
+
+// redisMarshaller is watermill-redisstream's format with ce_* fields when CloudEvents is on, and
+// able to read an entry another producer wrote: without Watermill's UUID field, the entry's ce_id
+// is the UUID and its payload the "payload" or "data" field.
+type redisMarshaller struct {
+	redisstream.DefaultMarshallerUnmarshaller
+	wire wireFormat
+}
+
+func (m redisMarshaller) Marshal(topic string, msg *message.Message) (map[string]interface{}, error) {
+	values, err := m.DefaultMarshallerUnmarshaller.Marshal(topic, msg)
+	if err != nil {
+		return nil, err
+	}
+	for name, v := range m.wire.ceAttributes(topic, msg) {
+		values[cePrefixOther+name] = v
+	}
+	return values, nil
+}
+
+func (m redisMarshaller) Unmarshal(values map[string]interface{}) (*message.Message, error) {
+	field := func(name string) string {
+		if v, ok := values[name].(string); ok {
+			return v
+		}
+		return ""
+	}
+	attrs := func(name string) string { return field(cePrefixOther + name) }
+	if values[redisstream.UUIDHeaderKey] != nil {
+		msg, err := m.DefaultMarshallerUnmarshaller.Unmarshal(values)
+		if err == nil {
+			adoptForeign(msg, attrs)
+		}
+		return msg, err
+	}
+	payload := field("payload")
+	if _, ok := values["payload"]; !ok {
+		payload = field("data")
+	}
+	msg := message.NewMessage("", []byte(payload))
+	adoptForeign(msg, attrs)
+	if msg.UUID == "" {
+		return nil, fmt.Errorf("stream entry has neither %s nor ce_id: it cannot be deduplicated", redisstream.UUIDHeaderKey)
+	}
+	return msg, nil
 }

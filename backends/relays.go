@@ -12,6 +12,9 @@ import (
 // which a router draining its channels after Close relies. Messages pass one by one, unbuffered:
 // acks and nacks reach the library's own message unchanged. The zero value is ready to use.
 type relays struct {
+	// transform, when set, is applied to each message before it is handed out.
+	transform func(*message.Message)
+
 	once, closeOnce sync.Once
 	closing         chan struct{}
 	wg              sync.WaitGroup
@@ -50,6 +53,9 @@ func (r *relays) relayLater(ctx context.Context, pending <-chan (<-chan *message
 			return
 		}
 		for msg := range in {
+			if r.transform != nil {
+				r.transform(msg)
+			}
 			select {
 			case out <- msg:
 			case <-r.closing:

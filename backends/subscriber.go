@@ -48,6 +48,15 @@ func newRetryingSubscriber(inner Subscriber, classify func(error) error, logger 
 	return &retryingSubscriber{inner: inner, classify: classify, logger: logger}
 }
 
+// readingForeign makes the subscriber complete messages other producers wrote from their ce_*
+// metadata (backends without a CloudEvents binding).
+func (s *retryingSubscriber) readingForeign() *retryingSubscriber {
+	s.relays.transform = func(msg *message.Message) {
+		adoptForeign(msg, metadataAttrs(msg.Metadata, cePrefixOther, ""))
+	}
+	return s
+}
+
 func (s *retryingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	if s.relays.isClosing() {
 		return nil, errors.New("subscriber is closed")

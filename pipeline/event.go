@@ -24,11 +24,14 @@ func NewEvent(eventType, partitionKey string, payload []byte) *message.Message {
 	return msg
 }
 
-// NewJSONEvent is NewEvent with v encoded as JSON.
+// NewJSONEvent is NewEvent with v encoded as JSON, and its content type (outboxkit.MetadataContentType)
+// application/json.
 func NewJSONEvent(eventType, partitionKey string, v any) (*message.Message, error) {
 	payload, err := json.Marshal(v)
 	if err != nil {
 		return nil, fmt.Errorf("encode %s event as JSON: %w", eventType, err)
 	}
-	return NewEvent(eventType, partitionKey, payload), nil
+	msg := NewEvent(eventType, partitionKey, payload)
+	msg.Metadata.Set(outboxkit.MetadataContentType, "application/json")
+	return msg, nil
 }
