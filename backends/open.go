@@ -69,6 +69,12 @@ type Options struct {
 
 	// PollInterval is how often an idle subscriber looks for new rows. Default 100ms. postgres.
 	PollInterval time.Duration
+	// PostgresStockTableNames names a topic's tables exactly as stock watermill-sql does
+	// ("watermill_<topic>", "watermill_offsets_<topic>"), so that stock watermill-sql clients read
+	// and write the same topic; a topic too long for that (over 45 bytes: Postgres cuts names at
+	// 63) is refused. Default false: names that would not fit keep their start and end with a hash
+	// of the topic, which stock clients do not find. postgres.
+	PostgresStockTableNames bool
 }
 
 // Features says what a backend guarantees, for documentation and for tests.
@@ -199,6 +205,7 @@ func (o Options) check(scheme string) error {
 	set("AckWait", o.AckWait != 0, "nats")
 	set("ClaimAfter", o.ClaimAfter != 0, "redis")
 	set("PollInterval", o.PollInterval != 0, "postgres")
+	set("PostgresStockTableNames", o.PostgresStockTableNames, "postgres")
 	if len(wrong) > 0 {
 		return fmt.Errorf("options that do not apply to %s://: %s", scheme, strings.Join(wrong, "; "))
 	}

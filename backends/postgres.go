@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"strings"
 	"time"
 
@@ -33,14 +34,18 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 	if err != nil {
 		return nil, err
 	}
+	name := pgTable
+	if opts.PostgresStockTableNames {
+		name = pgStockTable
+	}
 	// BYTEA, not the default JSON: an outbox carries whatever bytes the writer stored (protobuf,
 	// Avro, plain text), and a JSON column would refuse them at the broker after the outbox took them.
-	adapter := wsql.DefaultPostgreSQLSchema{
+	adapter := pgTopicSchema{DefaultPostgreSQLSchema: wsql.DefaultPostgreSQLSchema{
 		GeneratePayloadType:       func(string) string { return "BYTEA" },
-		GenerateMessagesTableName: func(topic string) string { return pgTable("watermill_", topic) },
-	}
+		GenerateMessagesTableName: func(topic string) string { return name("watermill_", topic) },
+	}, stockNames: opts.PostgresStockTableNames}
 	offsets := wsql.DefaultPostgreSQLOffsetsAdapter{
-		GenerateMessagesOffsetsTableName: func(topic string) string { return pgTable("watermill_offsets_", topic) },
+		GenerateMessagesOffsetsTableName: func(topic string) string { return name("watermill_offsets_", topic) },
 	}
 	pub, err := wsql.NewPublisher(wsql.BeginnerFromPgx(pool), wsql.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, opts.Logger)
 	if err != nil {
@@ -65,6 +70,70 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 		},
 		closers: []func() error{pub.Close, func() error { pool.Close(); return nil }},
 	}, nil
+}
+
+// pgTopicSchema is watermill-sql's default Postgres schema (ordered, consumer groups, payload
+// BYTEA) with ids up to 255 bytes, as the outbox accepts them, where stock tables take 36. Before a
+// topic is first used it checks a table that already exists — one stock watermill-sql made, say:
+// a JSON payload column, which would refuse at the broker the bytes the outbox accepted, is refused
+// with what to do; a VARCHAR(36) id column is widened to VARCHAR(255) (no rewrite, a brief lock;
+// stock readers are unaffected).
+type pgTopicSchema struct {
+	wsql.DefaultPostgreSQLSchema
+	stockNames bool
+}
+
+func (s pgTopicSchema) SchemaInitializingQueries(params wsql.SchemaInitializingQueriesParams) ([]wsql.Query, error) {
+	if s.stockNames {
+		if err := pgStockNamesFit(params.Topic); err != nil {
+			return nil, err
+		}
+	}
+	queries, err := s.DefaultPostgreSQLSchema.SchemaInitializingQueries(params)
+	if err != nil {
+		return nil, err
+	}
+	for i := range queries {
+		queries[i].Query = strings.Replace(queries[i].Query, `"uuid" VARCHAR(36)`, `"uuid" VARCHAR(255)`, 1)
+	}
+	table := s.MessagesTable(params.Topic)
+	literal := "'" + strings.ReplaceAll(table, "'", "''") + "'"
+	check := `DO $check$
+DECLARE
+    payload_type text;
+    uuid_type    text;
+BEGIN
+    SELECT format_type(atttypid, atttypmod) INTO payload_type FROM pg_attribute
+    WHERE attrelid = to_regclass(` + literal + `) AND attname = 'payload' AND NOT attisdropped;
+    IF payload_type IN ('json', 'jsonb') THEN
+        RAISE EXCEPTION 'topic table % has a % payload column (stock watermill-sql''s default), which refuses the non-JSON bytes an outbox carries: convert it with ALTER TABLE % ALTER COLUMN payload TYPE bytea USING convert_to(payload::text, ''UTF8''), or relay to a topic of its own',
+            ` + literal + `, payload_type, ` + literal + `;
+    END IF;
+    SELECT format_type(atttypid, atttypmod) INTO uuid_type FROM pg_attribute
+    WHERE attrelid = to_regclass(` + literal + `) AND attname = 'uuid' AND NOT attisdropped;
+    IF uuid_type = 'character varying(36)' THEN
+        EXECUTE 'ALTER TABLE ' || ` + literal + ` || ' ALTER COLUMN uuid TYPE VARCHAR(255)';
+    END IF;
+END
+$check$`
+	return append(queries, wsql.Query{Query: check}), nil
+}
+
+// pgStockTable names a topic's tables exactly as stock watermill-sql does, so that its stock clients
+// find them (Options.PostgresStockTableNames).
+func pgStockTable(prefix, topic string) string {
+	return `"` + strings.ReplaceAll(prefix+topic, `"`, `""`) + `"`
+}
+
+// pgStockNamesFit refuses a topic whose stock table names Postgres would cut at 63 bytes: two such
+// topics sharing a start would share tables.
+func pgStockNamesFit(topic string) error {
+	if n := len("watermill_offsets_" + topic); n > 63 {
+		return fmt.Errorf("topic %q is too long for stock watermill-sql table names: \"watermill_offsets_%s\" is %d bytes, "+
+			"Postgres keeps 63 (topics of at most 45 bytes fit); use a shorter topic, or leave PostgresStockTableNames off "+
+			"so that long topics get hashed table names", topic, topic, n)
+	}
+	return nil
 }
 
 // pgTable names a topic's table as watermill-sql does ("watermill_" + topic) while that fits in
