@@ -42,6 +42,25 @@ func TestJSON_DecodesAndPassesTheInboxTx(t *testing.T) {
 	}
 }
 
+func TestJSON_HandlerSeesTheMessage(t *testing.T) {
+	msg := msgWithTx(`{"id":"o-1"}`, &fakeTx{})
+	msg.Metadata.Set("outboxkit_event_type", "OrderPlaced")
+	var seen *message.Message
+	h := handlers.JSON(func(ctx context.Context, _ pgx.Tx, _ order) error {
+		seen, _ = handlers.MessageFrom(ctx)
+		return nil
+	})
+	if err := h(msg); err != nil {
+		t.Fatal(err)
+	}
+	if seen != msg || seen.UUID != "m-1" || seen.Metadata.Get("outboxkit_event_type") != "OrderPlaced" {
+		t.Fatalf("the handler saw %v, want the message with its UUID and metadata", seen)
+	}
+	if _, ok := handlers.MessageFrom(context.Background()); ok {
+		t.Fatal("MessageFrom found a message outside a handler")
+	}
+}
+
 func TestJSON_UndecodablePayloadIsPermanentAndNeverReachesTheHandler(t *testing.T) {
 	called := false
 	h := handlers.JSON(func(context.Context, pgx.Tx, order) error { called = true; return nil })

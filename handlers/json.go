@@ -10,7 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Func is a typed handler: it makes its effect for event through tx.
+// Func is a typed handler: it makes its effect for event through tx. MessageFrom(ctx) gives it the
+// message itself: its UUID, its metadata (event type, partition key, version, trace context).
 type Func[T any] func(ctx context.Context, tx pgx.Tx, event T) error
 
 // Decoder turns a payload into a T.
@@ -38,6 +39,15 @@ func Decoded[T any](decode Decoder[T], fn Func[T]) message.NoPublishHandlerFunc 
 		if err := decode(msg.Payload, &event); err != nil {
 			return Permanent(fmt.Errorf("decode message %s as %T: %w", msg.UUID, event, err))
 		}
-		return fn(ctx, tx, event)
+		return fn(context.WithValue(ctx, messageKey{}, msg), tx, event)
 	}
+}
+
+type messageKey struct{}
+
+// MessageFrom returns the message a typed handler (JSON, Decoded) is handling: its UUID, metadata
+// and payload, as the subscriber handed it over. ok is false outside a typed handler.
+func MessageFrom(ctx context.Context) (msg *message.Message, ok bool) {
+	msg, ok = ctx.Value(messageKey{}).(*message.Message)
+	return msg, ok
 }

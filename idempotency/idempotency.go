@@ -139,7 +139,12 @@ func Middleware(cfg Config) (func(http.Handler) http.Handler, error) {
 				err = tx.Commit(ctx)
 			}
 			if err != nil {
-				problem(w, http.StatusServiceUnavailable, "could not record the response, nothing was kept: retry with the same key")
+				// A failed COMMIT may still have committed (its reply lost with the connection): the
+				// outcome is unknown, not "nothing happened". A retry with the same key tells: it gets
+				// the recorded response if the operation was kept, and runs it once if it was not.
+				problem(w, http.StatusServiceUnavailable, "the operation's outcome is unknown: recording its response "+
+					"failed or its confirmation was lost ("+err.Error()+"); retry with the same "+Header+
+					": you get the first response if it was kept, and it runs once if it was not")
 				return
 			}
 			rec.flush(w, false)

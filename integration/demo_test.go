@@ -338,3 +338,56 @@ func TestDemo_ReadinessFollowsTheBacklog(t *testing.T) {
 	post("/admin/relay/start")
 	testenv.Eventually(t, 30*time.Second, "/readyz to recover once the relay drains the backlog", ready)
 }
+
+// An update of an existing order (POST /orders/{id}/cancel) locks the order's row and bumps its
+// version before it writes the event: two cancellations sent at once give one OrderCancelled, with
+// version 2, behind the OrderPlaced of version 1; every consumer applies both, in that order.
+func TestDemo_CancelLocksTheOrderAndCarriesTheNextVersion(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewEmptyPG(t)
+	url := testenv.AMQPURL(t)
+	testenv.DeleteWhenDone(t, url, string(pg.Schema)+".orders", demoConsumers...)
+	d := startDemo(t, pg, url)
+
+	resp, err := http.Post(d.url+"/orders", "application/json", strings.NewReader(`{"customer":"ada","total_cents":900}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var placed struct{ ID string }
+	_ = json.NewDecoder(resp.Body).Decode(&placed)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || placed.ID == "" {
+		t.Fatalf("POST /orders: %d", resp.StatusCode)
+	}
+	codes := make(chan int, 2)
+	for i := 0; i < 2; i++ {
+		go func() {
+			resp, err := http.Post(d.url+"/orders/"+placed.ID+"/cancel", "", nil)
+			if err != nil {
+				codes <- 0
+				return
+			}
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	got := map[int]int{}
+	for i := 0; i < 2; i++ {
+		got[<-codes]++
+	}
+	if got[http.StatusOK] != 1 || got[http.StatusConflict] != 1 {
+		t.Fatalf("two concurrent cancellations answered %v; want one 200 and one 409", got)
+	}
+	versions := pg.Int(t, `SELECT count(*) FROM (SELECT metadata->>'outboxkit_version' AS v,
+		metadata->>'outboxkit_event_type' AS e, row_number() OVER (ORDER BY seq) AS n
+		FROM {{schema}}.outbox WHERE partition_key = $1) AS x
+		WHERE (n = 1 AND v = '1' AND e = 'OrderPlaced') OR (n = 2 AND v = '2' AND e = 'OrderCancelled')`, placed.ID)
+	if versions != 2 {
+		t.Fatalf("the order's outbox rows are not OrderPlaced v1 then OrderCancelled v2")
+	}
+	testenv.Eventually(t, 60*time.Second, "every consumer to apply the cancellation", func() bool {
+		return pg.Int(t, `SELECT count(*) FROM {{schema}}.shipments WHERE cancelled_at IS NOT NULL`) == 1 &&
+			pg.Int(t, `SELECT count(*) FROM {{schema}}.invoices WHERE refunded_at IS NOT NULL`) == 1 &&
+			pg.Int(t, `SELECT count(*) FROM {{schema}}.search_entries WHERE document LIKE '%cancelled'`) == 1
+	})
+}

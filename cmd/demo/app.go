@@ -158,6 +158,7 @@ func run(ctx context.Context, o options) error {
 	orders := &orderService{pool: pool, schema: o.schema, topic: topic, poisonEvery: o.poisonEvery}
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", idem(http.HandlerFunc(orders.create)))
+	mux.Handle("POST /orders/{id}/cancel", idem(http.HandlerFunc(orders.cancel)))
 	mux.HandleFunc("GET /orders/{id}", orders.get)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) })
@@ -182,7 +183,7 @@ func run(ctx context.Context, o options) error {
 		_ = srv.Shutdown(sctx)
 	}()
 	base := "http://" + ln.Addr().String()
-	fmt.Printf("outboxkit demo on %s — POST /orders, GET /orders/{id}, /metrics, /healthz, /readyz\n", base)
+	fmt.Printf("outboxkit demo on %s — POST /orders, POST /orders/{id}/cancel, GET /orders/{id}, /metrics, /healthz, /readyz\n", base)
 	fmt.Printf("schema %s at version %d; broker %s; consumers %s\n", o.schema, res.Version, redact(o.brokerURL),
 		strings.Join([]string{consumerNames[0].name, consumerNames[1].name, consumerNames[2].name}, ", "))
 	printFaults(o)

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/middleware"
@@ -38,10 +39,18 @@ func addConsumers(router *message.Router, pool *pgxpool.Pool, schemaName string,
 	var billed atomic.Int64
 	effects := map[string]handlers.Func[OrderPlaced]{
 		"shipping": func(ctx context.Context, tx pgx.Tx, o OrderPlaced) error {
+			if cancelled(ctx) {
+				_, err := tx.Exec(ctx, `UPDATE `+schemaName+`.shipments SET cancelled_at = now() WHERE order_id = $1`, o.OrderID)
+				return err
+			}
 			_, err := tx.Exec(ctx, `INSERT INTO `+schemaName+`.shipments (order_id) VALUES ($1)`, o.OrderID)
 			return err
 		},
 		"billing": func(ctx context.Context, tx pgx.Tx, o OrderPlaced) error {
+			if cancelled(ctx) {
+				_, err := tx.Exec(ctx, `UPDATE `+schemaName+`.invoices SET refunded_at = now() WHERE order_id = $1`, o.OrderID)
+				return err
+			}
 			if rejectCustomer != "" && o.Customer == rejectCustomer {
 				return handlers.Permanent(fmt.Errorf("customer %q has no billing account (--reject-customer)", o.Customer))
 			}
@@ -55,9 +64,13 @@ func addConsumers(router *message.Router, pool *pgxpool.Pool, schemaName string,
 			return nil
 		},
 		"search": func(ctx context.Context, tx pgx.Tx, o OrderPlaced) error {
+			status := "placed"
+			if cancelled(ctx) {
+				status = "cancelled"
+			}
 			_, err := tx.Exec(ctx, `INSERT INTO `+schemaName+`.search_entries (order_id, document) VALUES ($1, $2)
 				ON CONFLICT (order_id) DO UPDATE SET document = excluded.document, updated_at = now()`,
-				o.OrderID, fmt.Sprintf("%s %s %d", o.OrderID, o.Customer, o.TotalCents))
+				o.OrderID, fmt.Sprintf("%s %s %d %s", o.OrderID, o.Customer, o.TotalCents, status))
 			return err
 		},
 	}
@@ -77,6 +90,13 @@ func addConsumers(router *message.Router, pool *pgxpool.Pool, schemaName string,
 		h.AddMiddleware(stack...)
 	}
 	return nil
+}
+
+// cancelled reports whether the event being handled is an OrderCancelled (the orders topic carries
+// both; their payloads have the same shape).
+func cancelled(ctx context.Context) bool {
+	msg, ok := handlers.MessageFrom(ctx)
+	return ok && outboxkit.EventType(msg) == "OrderCancelled"
 }
 
 // waitRunning waits until the router has subscribed every handler.

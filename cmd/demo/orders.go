@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -78,6 +79,10 @@ func (s *orderService) create(w http.ResponseWriter, r *http.Request) {
 }
 
 // write inserts the order and publishes its event into the outbox in tx.
+//
+// The order's row is written first: for a new aggregate the INSERT is the lock — a concurrent
+// writer of the same id waits on its key until this transaction ends — so the outbox row, written
+// after it, takes its place in the key's order behind everything committed before.
 func (s *orderService) write(ctx context.Context, tx pgx.Tx, o OrderPlaced) error {
 	if _, err := tx.Exec(ctx, `INSERT INTO `+s.schema+`.orders (id, customer, total_cents) VALUES ($1, $2, $3)`,
 		o.OrderID, o.Customer, o.TotalCents); err != nil {
@@ -88,15 +93,62 @@ func (s *orderService) write(ctx context.Context, tx pgx.Tx, o OrderPlaced) erro
 		return err
 	}
 	outboxkit.SetVersion(msg, 1)
-	msg.SetContext(ctx) // the request's trace context is stored with the row
 	if n := s.placed.Add(1); s.poisonEvery > 0 && n%s.poisonEvery == 0 {
 		msg.Payload = []byte("not json") // --poison-every: consumers quarantine it
 	}
+	return s.publish(ctx, tx, msg)
+}
+
+func (s *orderService) publish(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+	msg.SetContext(ctx) // the request's trace context is stored with the row
 	pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: s.schema})
 	if err != nil {
 		return err
 	}
 	return pub.Publish(s.topic, msg)
+}
+
+// cancel is POST /orders/{id}/cancel: an update of an existing aggregate. Its row is locked and its
+// version bumped by the UPDATE before the event is written, so two concurrent changes of one order
+// commit their events in the order of their versions: the second waits for the first's lock, then
+// sees its version.
+func (s *orderService) cancel(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	tx, ok := idempotency.TxFrom(ctx)
+	if !ok {
+		own, err := s.pool.Begin(ctx)
+		if err != nil {
+			writeProblem(w, http.StatusServiceUnavailable, "database unavailable")
+			return
+		}
+		defer func() { _ = own.Rollback(context.WithoutCancel(ctx)) }()
+		tx = own
+	}
+	o := OrderPlaced{OrderID: r.PathValue("id")}
+	var version int64
+	err := tx.QueryRow(ctx, `UPDATE `+s.schema+`.orders SET status = 'cancelled', version = version + 1
+		WHERE id = $1 AND status = 'placed' RETURNING version, customer, total_cents`, o.OrderID).Scan(&version, &o.Customer, &o.TotalCents)
+	if errors.Is(err, pgx.ErrNoRows) {
+		writeProblem(w, http.StatusConflict, "no placed order "+o.OrderID+" to cancel (unknown, or cancelled already)")
+		return
+	}
+	if err != nil {
+		writeProblem(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	msg, err := pipeline.NewJSONEvent("OrderCancelled", o.OrderID, o)
+	if err == nil {
+		outboxkit.SetVersion(msg, version)
+		err = s.publish(ctx, tx, msg)
+	}
+	if err == nil && !ok {
+		err = tx.Commit(ctx)
+	}
+	if err != nil {
+		writeProblem(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"id": o.OrderID, "status": "cancelled", "version": version})
 }
 
 // orderView is GET /orders/{id}: the order, its event's state in the outbox and what each
