@@ -10,6 +10,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 
 	"github.com/outboxkit/outboxkit/internal/testenv"
@@ -169,5 +170,54 @@ func TestReplay_ProcessedOnceThenDuplicate(t *testing.T) {
 	})
 	if n := e.count(t, "effects", "shipping", msg.UUID); n != 1 {
 		t.Fatalf("%d effects after two replays, want 1", n)
+	}
+}
+
+// With a poison topic, a quarantined message also goes there through Watermill's PoisonQueue, as
+// received and with its metadata (reason_poisoned and the rest); the table keeps it for replay as
+// well. A message that is merely retried never reaches the poison topic.
+func TestDeadLetter_PoisonTopicThroughWatermillsPoisonQueue(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	bus := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	defer bus.Close()
+	poisoned, err := bus.Subscribe(context.Background(), "poison")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failOnce atomic.Bool
+	failOnce.Store(true)
+	h := func(m *message.Message) error {
+		if m.UUID == "flaky" && failOnce.CompareAndSwap(true, false) {
+			return errTransient
+		}
+		return effect("shipping")(m)
+	}
+	stack := e.stack(t, "shipping", h, func(c *middleware.StackConfig) {
+		c.PoisonPublisher, c.PoisonTopic, c.MaxRetries = bus, "poison", -1
+	})
+	redeliverUntilAcked(t, stack, message.NewMessage("flaky", []byte(`{"id":"f"}`)), 3)
+	poison := message.NewMessage("poison-1", []byte("not json"))
+	poison.Metadata.Set("origin", "test")
+	if n := redeliverUntilAcked(t, stack, poison, 3); n != 1 {
+		t.Fatalf("the poison took %d deliveries", n)
+	}
+	select {
+	case m := <-poisoned:
+		if m.UUID != "poison-1" || string(m.Payload) != "not json" || m.Metadata.Get("origin") != "test" ||
+			!strings.Contains(m.Metadata.Get(wmiddleware.ReasonForPoisonedKey), "decode") {
+			t.Fatalf("poison topic got %s %q %v", m.UUID, m.Payload, m.Metadata)
+		}
+		m.Ack()
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing reached the poison topic")
+	}
+	select {
+	case m := <-poisoned:
+		t.Fatalf("%s reached the poison topic too; only quarantined messages belong there", m.UUID)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if letters := deadLetters(t, e, middleware.DeadLetterFilter{Consumer: "shipping"}); len(letters) != 1 || letters[0].MessageID != "poison-1" {
+		t.Fatalf("dead letters = %+v; the table keeps the quarantined message too", letters)
 	}
 }
