@@ -60,14 +60,14 @@ func TestConsumer_HandlerOutputSurvivesACrashAfterCommit(t *testing.T) {
 	// The consumer's own service relays its outbox, as the writer's does.
 	relay := newRelay(t, pg, amqpPublisher(t, url))
 	run(t, relay)
-	got := downstream.WaitFor(t, 1, 30*time.Second)
+	downstream.WaitFor(t, 1, 30*time.Second)
 	testenv.Eventually(t, 30*time.Second, "the consumer's outbox to drain", func() bool {
 		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE published_at IS NULL`) == 0
 	})
 	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE topic = $1`, invoices); n != 1 {
 		t.Fatalf("%d outbox rows for the follow-up event, want exactly 1", n)
 	}
-	got = downstream.Received()
+	got := downstream.Received()
 	if len(got) != 1 {
 		t.Fatalf("the follow-up event arrived %d times, want exactly once", len(got))
 	}
