@@ -33,7 +33,6 @@ type circuit struct {
 	mu        sync.Mutex
 	failures  int // consecutive transport failures
 	openUntil time.Time
-	lastErr   error
 }
 
 func (c *circuit) state(now time.Time) (circuitState, time.Time) {
@@ -50,11 +49,10 @@ func (c *circuit) state(now time.Time) (circuitState, time.Time) {
 }
 
 // recordTransportFailure opens the circuit until the next probe time.
-func (c *circuit) recordTransportFailure(now time.Time, err error) time.Time {
+func (c *circuit) recordTransportFailure(now time.Time) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.failures++
-	c.lastErr = err
 	c.openUntil = now.Add(c.backoff.Delay(c.failures))
 	return c.openUntil
 }
@@ -65,6 +63,5 @@ func (c *circuit) recordReachable() (wasOpen bool) {
 	defer c.mu.Unlock()
 	wasOpen = c.failures > 0
 	c.failures = 0
-	c.lastErr = nil
 	return wasOpen
 }

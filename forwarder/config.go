@@ -7,13 +7,12 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outboxkit"
-	"github.com/outboxkit/outboxkit/internal/schema"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // Defaults for Config fields left at their zero value.
@@ -24,7 +23,10 @@ const (
 	DefaultPollInterval   = time.Second
 	DefaultMaxAttempts    = 10
 	DefaultPublishTimeout = 10 * time.Second
-	DefaultListenRetry    = 2 * time.Second
+
+	// DefaultPollIntervalWithoutWake is the poll of a store whose writers do not wake relays
+	// (MySQL, Postgres without LISTEN): one probe of the pending rows' index each time.
+	DefaultPollIntervalWithoutWake = 100 * time.Millisecond
 )
 
 // DefaultBackoff spaces the attempts of a message that failed: 1s, 2s, 4s … capped at 5 minutes,
@@ -42,16 +44,14 @@ var DefaultRetention = Retention{Age: 24 * time.Hour, Interval: time.Minute, Bat
 // Config configures a Forwarder. Zero-valued fields take the documented defaults; New rejects
 // values that cannot work and names the field.
 type Config struct {
-	// Pool reads and marks the outbox. Required. Unless PollOnly is set, the forwarder also opens
-	// one connection of its own with Pool's connection settings, for LISTEN.
-	Pool *pgxpool.Pool
+	// Store holds the outbox: store/pgxstore, pgsqlstore, mysqlstore, sqlitestore, or
+	// stores.Open. Required. Where its writers wake relays (Postgres NOTIFY, SQLite in-process),
+	// the forwarder listens; it polls as well, always.
+	Store store.Store
 
 	// Publisher receives the messages: any Watermill publisher, typically one from backends.
 	// Required. It is called from up to MaxInFlight goroutines at once, one message per call.
 	Publisher message.Publisher
-
-	// Schema is the Postgres schema holding the outbox table. Default "outboxkit".
-	Schema string
 
 	// Name identifies this forwarder in logs and metrics labels. Default "default".
 	Name string
@@ -63,13 +63,11 @@ type Config struct {
 	// are always published one after another, in order. Default 64.
 	MaxInFlight int
 
-	// PollInterval is the time between passes when no NOTIFY arrives: the safety net under NOTIFY,
-	// or the only trigger with PollOnly. Each wait is jittered by ±10%. Default 1s.
+	// PollInterval is the time between passes when no writer wakes the relay: the safety net
+	// under wake-ups, or the only trigger for a store without them. Each wait is jittered by ±10%.
+	// Default DefaultPollInterval (1s), or DefaultPollIntervalWithoutWake (100ms) for a store
+	// whose writers do not wake relays.
 	PollInterval time.Duration
-
-	// PollOnly disables LISTEN/NOTIFY wake-ups, for connections through PgBouncer in transaction
-	// mode or other proxies that do not carry notifications. Default false.
-	PollOnly bool
 
 	// MaxAttempts is how many message-specific failures a row may have before it is dead-lettered.
 	// Transport failures (broker unreachable) never count. Default 10.
@@ -103,10 +101,6 @@ type Config struct {
 
 	// Retention deletes published rows. Default DefaultRetention.
 	Retention Retention
-
-	// ListenRetry is the wait before the LISTEN connection is opened again after it failed.
-	// Default 2s.
-	ListenRetry time.Duration
 
 	// Now is the clock for backoff, retention and ages. Default time.Now.
 	Now func() time.Time
@@ -152,6 +146,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.PollInterval == 0 {
 		c.PollInterval = DefaultPollInterval
+		if c.Store != nil && c.Store.Waker() == nil {
+			c.PollInterval = DefaultPollIntervalWithoutWake
+		}
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
@@ -180,9 +177,6 @@ func (c Config) withDefaults() Config {
 	if c.Retention.BatchSize == 0 {
 		c.Retention.BatchSize = DefaultRetention.BatchSize
 	}
-	if c.ListenRetry == 0 {
-		c.ListenRetry = DefaultListenRetry
-	}
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -197,14 +191,12 @@ func (c Config) withDefaults() Config {
 
 func (c Config) validate() error {
 	var errs []error
-	if c.Pool == nil {
-		errs = append(errs, errors.New("field Pool is required: pass the *pgxpool.Pool of the database holding the outbox"))
+	if c.Store == nil {
+		errs = append(errs, errors.New("field Store is required: pass the store of the database holding the outbox "+
+			"(store/pgxstore, pgsqlstore, mysqlstore, sqlitestore, or stores.Open)"))
 	}
 	if c.Publisher == nil {
 		errs = append(errs, errors.New("field Publisher is required: pass the broker publisher (see package backends)"))
-	}
-	if _, err := schema.Parse(c.Schema); err != nil {
-		errs = append(errs, fmt.Errorf("field Schema: %w", err))
 	}
 	positive := func(field string, v int) {
 		if v < 1 {
@@ -222,7 +214,6 @@ func (c Config) validate() error {
 	}
 	positiveDur("PollInterval", c.PollInterval)
 	positiveDur("PublishTimeout", c.PublishTimeout)
-	positiveDur("ListenRetry", c.ListenRetry)
 	positiveDur("Retention.Age", c.Retention.Age)
 	positiveDur("Retention.Interval", c.Retention.Interval)
 	errs = append(errs, c.Backoff.Validate("Backoff"), c.CircuitBackoff.Validate("CircuitBackoff"))

@@ -17,25 +17,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/outboxkit/outboxkit/internal/pgtext"
-	"github.com/outboxkit/outboxkit/internal/schema"
+	"github.com/outboxkit/outboxkit/internal/dbtext"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // Forwarder relays outbox rows to a broker. Its methods are safe for concurrent use.
 type Forwarder struct {
 	cfg     Config
-	schema  schema.Name
-	q       queries
-	outbox  *Outbox
+	owner   string // names this relay's claims, unique per Forwarder
 	tracer  trace.Tracer
 	circuit *circuit
 	metrics *metrics
@@ -108,21 +106,14 @@ func New(cfg Config) (*Forwarder, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("forwarder config: %w", err)
 	}
-	name := schema.MustParse(cfg.Schema)
-	outbox, err := NewOutbox(cfg.Pool, OutboxConfig{Schema: cfg.Schema, Now: cfg.Now})
-	if err != nil {
-		return nil, err
-	}
 	f := &Forwarder{
 		cfg:     cfg,
-		schema:  name,
-		q:       outbox.q,
-		outbox:  outbox,
+		owner:   cfg.Name + "-" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12],
 		tracer:  cfg.TracerProvider.Tracer("github.com/outboxkit/outboxkit/forwarder"),
 		circuit: &circuit{backoff: cfg.CircuitBackoff},
 		started: make(chan struct{}),
 	}
-	m, err := newMetrics(cfg.Registerer, cfg.Name, string(name), f)
+	m, err := newMetrics(cfg.Registerer, cfg.Name, cfg.Store.Info().Namespace, f)
 	if err != nil {
 		return nil, fmt.Errorf("forwarder metrics: %w", err)
 	}
@@ -147,29 +138,18 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 		limit, inFlight = 1, 1 // probe the broker with a single message
 	}
 
-	tx, err := f.cfg.Pool.Begin(ctx)
-	if err != nil {
-		return Result{}, fmt.Errorf("begin outbox pass: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
-
-	// If this process stalls with the rows locked, Postgres ends the session and frees them.
-	idle := f.cfg.PublishTimeout + 5*time.Second
-	if _, err := tx.Exec(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, true)",
-		fmt.Sprintf("%dms", idle.Milliseconds())); err != nil {
-		return Result{}, fmt.Errorf("begin outbox pass: %w", err)
-	}
-	groups, err := f.claim(ctx, tx, now, limit)
+	// If this process stalls holding the rows, the store gives them to another relay.
+	claim, err := f.cfg.Store.Claim(ctx, store.ClaimParams{Now: now, Limit: limit, ParkKeyOnDeadLetter: f.cfg.ParkKeyOnDeadLetter,
+		Hold: f.cfg.PublishTimeout + 5*time.Second, Owner: f.owner})
 	if err != nil {
 		return Result{}, err
 	}
-	var res Result
-	for _, g := range groups {
-		res.Claimed += len(g)
-	}
+	defer claim.Abandon(ctx) // a no-op after Finish
+	rows := claim.Rows()
+	res := Result{Claimed: len(rows)}
 	if res.Claimed == 0 {
-		if err := tx.Commit(ctx); err != nil {
-			return res, fmt.Errorf("commit outbox pass: %w", err)
+		if err := claim.Finish(ctx, store.Outcome{Now: now}); err != nil {
+			return res, err
 		}
 		f.passDone(false)
 		return res, nil
@@ -181,7 +161,7 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 		}
 	}
 	publishCtx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
-	out := f.publishGroups(publishCtx, groups, inFlight)
+	out := f.publishGroups(publishCtx, groupByKey(rows), inFlight)
 	cancel()
 
 	if f.hooks.afterPublish != nil {
@@ -193,12 +173,9 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 	// Mark even when ctx has ended: what was published should not be published again.
 	markCtx, cancelMark := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancelMark()
-	dead, err := f.mark(markCtx, tx, out)
-	if err != nil {
+	outcome, dead := f.outcome(out)
+	if err := claim.Finish(markCtx, outcome); err != nil {
 		return Result{}, err
-	}
-	if err := tx.Commit(markCtx); err != nil {
-		return Result{}, fmt.Errorf("commit outbox pass: %w", err)
 	}
 
 	res.Published = len(out.published)
@@ -211,7 +188,7 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 	f.passDone(res.Published > 0)
 
 	if out.transport != nil {
-		retryAt := f.circuit.recordTransportFailure(f.cfg.Now(), out.transport)
+		retryAt := f.circuit.recordTransportFailure(f.cfg.Now())
 		f.metrics.circuit.Set(float64(circuitOpen))
 		f.cfg.Logger.Error("Broker unreachable, circuit open", out.transport, watermill.LogFields{
 			"forwarder": f.cfg.Name, "retry_at": retryAt, "published": res.Published,
@@ -230,48 +207,26 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 	return res, nil
 }
 
-// mark writes the outcome of the publishing phase and returns how many rows were dead-lettered.
-func (f *Forwarder) mark(ctx context.Context, tx pgx.Tx, out outcome) (int, error) {
+// outcome turns the publishing phase's result into what the store records, and counts the rows it
+// dead-letters: a failed row backs off, or is dead-lettered once it reaches MaxAttempts.
+func (f *Forwarder) outcome(out outcome) (store.Outcome, int) {
 	now := f.cfg.Now()
-	if len(out.published) > 0 {
-		seqs := make([]int64, len(out.published))
-		for i, p := range out.published {
-			seqs[i] = p.seq
-		}
-		var err error
-		if f.cfg.Retention.DeleteOnPublish {
-			_, err = tx.Exec(ctx, f.q.deletePublished, seqs)
-		} else {
-			_, err = tx.Exec(ctx, f.q.markPublished, now, seqs)
-		}
-		if err != nil {
-			return 0, fmt.Errorf("mark outbox rows published: %w", err)
-		}
+	o := store.Outcome{Now: now, DeleteOnPublish: f.cfg.Retention.DeleteOnPublish}
+	for _, p := range out.published {
+		o.Published = append(o.Published, p.seq)
 	}
-	if len(out.failed) == 0 {
-		return 0, nil
-	}
-	var (
-		seqs   = make([]int64, len(out.failed))
-		errs   = make([]string, len(out.failed))
-		nextAt = make([]pgtype.Timestamptz, len(out.failed))
-		deadAt = make([]pgtype.Timestamptz, len(out.failed))
-		dead   int
-	)
-	for i, fr := range out.failed {
-		seqs[i] = fr.seq
-		errs[i] = pgtext.Storable(fr.err.Error())
+	dead := 0
+	for _, fr := range out.failed {
+		row := store.FailedRow{Seq: fr.seq, Error: dbtext.Storable(fr.err.Error())}
 		if attempts := fr.attempts + 1; attempts >= f.cfg.MaxAttempts {
-			deadAt[i] = pgtype.Timestamptz{Time: now, Valid: true}
+			row.DeadLettered = true
 			dead++
 		} else {
-			nextAt[i] = pgtype.Timestamptz{Time: now.Add(f.cfg.Backoff.Delay(attempts)), Valid: true}
+			row.NextAttemptAt = now.Add(f.cfg.Backoff.Delay(attempts))
 		}
+		o.Failed = append(o.Failed, row)
 	}
-	if _, err := tx.Exec(ctx, f.q.markFailed, seqs, errs, nextAt, deadAt); err != nil {
-		return 0, fmt.Errorf("record failed outbox publishes: %w", err)
-	}
-	return dead, nil
+	return o, dead
 }
 
 // errAlreadyRunning is returned by a second concurrent Run.

@@ -2,25 +2,57 @@ package forwarder
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/outboxkit/outboxkit/store"
 )
 
-// Stats reads the backlog; see Outbox.Stats.
-func (f *Forwarder) Stats(ctx context.Context) (Stats, error) { return f.outbox.Stats(ctx) }
+// Stats reads the outbox's backlog.
+func (f *Forwarder) Stats(ctx context.Context) (store.OutboxStats, error) {
+	return f.cfg.Store.OutboxStats(ctx, f.cfg.Now())
+}
 
-// ReplayDeadLetters puts dead-lettered rows back in line; see Outbox.ReplayDeadLetters.
-func (f *Forwarder) ReplayDeadLetters(ctx context.Context, filter DeadLetterFilter) ([]int64, error) {
-	seqs, err := f.outbox.ReplayDeadLetters(ctx, filter)
+// ReplayDeadLetters puts the dead-lettered rows matching filter back in line with a fresh attempt
+// budget and returns them. They keep their UUIDs, so a consumer that already processed one (before
+// a lost mark, say) absorbs the replay in its inbox; they keep their place in their key's order.
+// An empty filter replays nothing unless All is set.
+func (f *Forwarder) ReplayDeadLetters(ctx context.Context, filter store.DeadLetterFilter) ([]store.DeadLetter, error) {
+	letters, err := f.cfg.Store.ReplayOutbox(ctx, filter)
 	if err == nil {
-		f.cfg.Logger.Info("Replayed dead-lettered outbox rows", watermill.LogFields{"forwarder": f.cfg.Name, "rows": len(seqs)})
+		f.cfg.Logger.Info("Replayed dead-lettered outbox rows", watermill.LogFields{"forwarder": f.cfg.Name, "rows": len(letters)})
 	}
-	return seqs, err
+	return letters, err
 }
 
 // PrunePublished deletes rows published more than Retention.Age ago, Retention.BatchSize rows per
 // statement, and returns the number deleted. Run calls it every Retention.Interval unless
 // Retention.Keep or Retention.DeleteOnPublish is set.
 func (f *Forwarder) PrunePublished(ctx context.Context) (int, error) {
-	return f.outbox.PrunePublished(ctx, f.cfg.Retention.Age, f.cfg.Retention.BatchSize)
+	return PrunePublished(ctx, f.cfg.Store, f.cfg.Now().Add(-f.cfg.Retention.Age), f.cfg.Retention.BatchSize)
+}
+
+// PrunePublished deletes rows of s published before cutoff, batchSize rows per statement (each
+// its own short transaction), until none is left, and returns the number deleted.
+func PrunePublished(ctx context.Context, s store.Store, cutoff time.Time, batchSize int) (int, error) {
+	if s == nil {
+		return 0, errors.New("prune published outbox rows: the store is nil")
+	}
+	if batchSize < 1 {
+		return 0, fmt.Errorf("prune published outbox rows: batchSize must be positive, got %d", batchSize)
+	}
+	total := 0
+	for {
+		n, err := s.PrunePublished(ctx, cutoff, batchSize)
+		total += n
+		if err != nil {
+			return total, err
+		}
+		if n < batchSize {
+			return total, nil
+		}
+	}
 }

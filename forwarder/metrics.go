@@ -10,6 +10,7 @@ import (
 )
 
 type metrics struct {
+	now          func() time.Time
 	published    prometheus.Counter
 	failures     *prometheus.CounterVec
 	deadLettered prometheus.Counter
@@ -22,10 +23,12 @@ type metrics struct {
 
 func newMetrics(reg prometheus.Registerer, name, schemaName string, f *Forwarder) (*metrics, error) {
 	labels := prometheus.Labels{"forwarder": name, "schema": schemaName}
+	m := &metrics{now: f.cfg.Now}
 	opts := func(n, help string) prometheus.Opts {
 		return prometheus.Opts{Namespace: "outboxkit", Subsystem: "forwarder", Name: n, Help: help, ConstLabels: labels}
 	}
-	m := &metrics{
+	*m = metrics{
+		now: f.cfg.Now,
 		published: prometheus.NewCounter(prometheus.CounterOpts(opts("published_total",
 			"Outbox rows published and confirmed by the broker."))),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts(opts("publish_failures_total",
@@ -73,7 +76,7 @@ func (m *metrics) observePublished(latency time.Duration, attempts int) {
 }
 
 func (m *metrics) pass(published bool) {
-	now := float64(time.Now().UnixNano()) / 1e9
+	now := float64(m.now().UnixNano()) / 1e9
 	m.lastPass.Set(now)
 	if published {
 		m.lastPublish.Set(now)

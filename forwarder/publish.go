@@ -17,6 +17,7 @@ import (
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/internal/tracing"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // outcome is what the publishing phase of a pass did to its claimed rows.
@@ -42,7 +43,7 @@ type failedRow struct {
 // publishGroups publishes each group's rows in order, up to inFlight groups at a time. A group stops
 // at its first failure (later rows of the key must not overtake it); every group stops starting new
 // rows after a transport failure or when ctx ends.
-func (f *Forwarder) publishGroups(ctx context.Context, groups [][]row, inFlight int) outcome {
+func (f *Forwarder) publishGroups(ctx context.Context, groups [][]store.OutboxRow, inFlight int) outcome {
 	var (
 		mu   sync.Mutex
 		out  outcome
@@ -93,8 +94,8 @@ func (f *Forwarder) publishGroups(ctx context.Context, groups [][]row, inFlight 
 				mu.Lock()
 				switch {
 				case err == nil:
-					out.published = append(out.published, publishedRow{seq: r.seq, createdAt: r.createdAt, attempts: r.attempts})
-					f.metrics.observePublished(f.cfg.Now().Sub(r.createdAt), r.attempts+1)
+					out.published = append(out.published, publishedRow{seq: r.Seq, createdAt: r.CreatedAt, attempts: r.Attempts})
+					f.metrics.observePublished(f.cfg.Now().Sub(r.CreatedAt), r.Attempts+1)
 				case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
 					// Shutting down: the row was not necessarily refused; leave it for the next relay.
 					out.released += len(group) - i
@@ -106,7 +107,7 @@ func (f *Forwarder) publishGroups(ctx context.Context, groups [][]row, inFlight 
 					f.metrics.failures.WithLabelValues("transport").Inc()
 					halt()
 				default:
-					out.failed = append(out.failed, failedRow{seq: r.seq, attempts: r.attempts, err: err})
+					out.failed = append(out.failed, failedRow{seq: r.Seq, attempts: r.Attempts, err: err})
 					out.released += len(group) - i - 1
 					f.metrics.failures.WithLabelValues("message").Inc()
 				}
@@ -123,7 +124,7 @@ func (f *Forwarder) publishGroups(ctx context.Context, groups [][]row, inFlight 
 
 // publishRow sends one outbox row. A panic in the publisher is turned into a message failure so
 // that one bad message cannot take the relay down.
-func (f *Forwarder) publishRow(ctx context.Context, r row) (err error) {
+func (f *Forwarder) publishRow(ctx context.Context, r store.OutboxRow) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			err = fmt.Errorf("publisher panicked: %v", p)
@@ -142,9 +143,9 @@ func (f *Forwarder) publishRow(ctx context.Context, r row) (err error) {
 		trace.WithAttributes(
 			attribute.String("messaging.operation.type", "send"),
 			attribute.String("messaging.destination.name", topic),
-			attribute.String("messaging.message.id", r.uuid),
-			attribute.Int64("outboxkit.outbox.seq", r.seq),
-			attribute.Int("outboxkit.outbox.attempts", r.attempts),
+			attribute.String("messaging.message.id", r.UUID),
+			attribute.Int64("outboxkit.outbox.seq", r.Seq),
+			attribute.Int("outboxkit.outbox.attempts", r.Attempts),
 		),
 	}
 	if writer := tracing.Extract(msg.Metadata); writer.IsValid() {
@@ -161,22 +162,18 @@ func (f *Forwarder) publishRow(ctx context.Context, r row) (err error) {
 	return nil
 }
 
-func (f *Forwarder) toMessage(r row) (*message.Message, string, error) {
+func (f *Forwarder) toMessage(r store.OutboxRow) (*message.Message, string, error) {
 	md := message.Metadata{}
-	if err := json.Unmarshal([]byte(r.metadata), &md); err != nil {
-		return nil, "", fmt.Errorf("outbox row %d: metadata is not a JSON object of strings: %w", r.seq, err)
+	if err := json.Unmarshal(r.Metadata, &md); err != nil {
+		return nil, "", fmt.Errorf("outbox row %d: metadata is not a JSON object of strings: %w", r.Seq, err)
 	}
-	md.Set(outboxkit.MetadataCreatedAt, r.createdAt.UTC().Format(time.RFC3339Nano))
-	md.Set(outboxkit.MetadataSeq, strconv.FormatInt(r.seq, 10))
-	msg := message.NewMessage(r.uuid, r.payload)
+	md.Set(outboxkit.MetadataCreatedAt, r.CreatedAt.UTC().Format(time.RFC3339Nano))
+	md.Set(outboxkit.MetadataSeq, strconv.FormatInt(r.Seq, 10))
+	msg := message.NewMessage(r.UUID, r.Payload)
 	msg.Metadata = md
-	key := ""
-	if r.key != nil {
-		key = *r.key
-	}
-	topic := f.cfg.TopicMapping(r.topic, key)
+	topic := f.cfg.TopicMapping(r.Topic, r.PartitionKey)
 	if topic == "" {
-		return nil, "", fmt.Errorf("outbox row %d: TopicMapping mapped topic %q to an empty topic", r.seq, r.topic)
+		return nil, "", fmt.Errorf("outbox row %d: TopicMapping mapped topic %q to an empty topic", r.Seq, r.Topic)
 	}
 	return msg, topic, nil
 }

@@ -2,20 +2,17 @@ package forwarder
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgxlisten"
 )
 
 // Run relays until ctx ends, then returns nil once every goroutine it started has stopped.
 //
-// It runs a pass when a writer's NOTIFY arrives (on a dedicated connection that reconnects by
-// itself), when the jittered PollInterval elapses, and back to back while passes come back full.
+// It runs a pass when a writer wakes it (the store's Waker: Postgres NOTIFY on a connection of its
+// own that reconnects by itself, SQLite's in-process signal), when the jittered PollInterval
+// elapses, and back to back while passes come back full.
 // Database and broker failures never end it: it logs them and backs off. Retention runs on its own
 // timer. Run may not be called twice at once on one Forwarder.
 func (f *Forwarder) Run(ctx context.Context) error {
@@ -32,13 +29,20 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	}()
 
 	wake := make(chan struct{}, 1)
-	if f.cfg.PollOnly {
+	if waker := f.cfg.Store.Waker(); waker == nil {
 		f.markStarted()
 	} else {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			f.listen(ctx, wake)
+			waker.Listen(ctx, func() {
+				select {
+				case wake <- struct{}{}:
+				default: // a wake-up is already pending: wake-ups are debounced
+				}
+			}, f.markStarted, func(err error) {
+				f.cfg.Logger.Error("Outbox wake-up connection failed, reconnecting", err, watermill.LogFields{"forwarder": f.cfg.Name})
+			})
 		}()
 	}
 	if !f.cfg.Retention.Keep && !f.cfg.Retention.DeleteOnPublish {
@@ -50,7 +54,8 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	}
 
 	f.cfg.Logger.Info("Forwarder running", watermill.LogFields{
-		"forwarder": f.cfg.Name, "schema": string(f.schema), "poll_only": f.cfg.PollOnly,
+		"forwarder": f.cfg.Name, "store": f.cfg.Store.Info().Name, "namespace": f.cfg.Store.Info().Namespace,
+		"woken_by_writers": f.cfg.Store.Waker() != nil, "poll_interval": f.cfg.PollInterval,
 	})
 	dbFailures := 0
 	for {
@@ -104,68 +109,11 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	}
 }
 
-// Running is closed once the first Run is relaying and, unless PollOnly is set, listening for
-// writers' notifications — from then on a commit wakes it.
+// Running is closed once the first Run is relaying and, where the store's writers wake relays,
+// listening for them — from then on a commit wakes it.
 func (f *Forwarder) Running() <-chan struct{} { return f.started }
 
 func (f *Forwarder) markStarted() { f.startedOnce.Do(func() { close(f.started) }) }
-
-// listen holds the LISTEN connection until ctx ends. pgxlisten reconnects after failures; on every
-// (re)connect a pass is triggered, since notifications sent while disconnected are lost.
-func (f *Forwarder) listen(ctx context.Context, wake chan<- struct{}) {
-	signal := func() {
-		select {
-		case wake <- struct{}{}:
-		default: // a wake-up is already pending: notifications are debounced
-		}
-	}
-	l := &pgxlisten.Listener{
-		Connect: func(ctx context.Context) (*pgx.Conn, error) {
-			cfg := f.cfg.Pool.Config().ConnConfig.Copy()
-			if cfg.RuntimeParams == nil {
-				cfg.RuntimeParams = map[string]string{}
-			}
-			// Named after the pool's connections so operators can tell whose it is.
-			cfg.RuntimeParams["application_name"] = strings.TrimPrefix(cfg.RuntimeParams["application_name"]+"-listen", "-")
-			if cfg.RuntimeParams["application_name"] == "listen" {
-				cfg.RuntimeParams["application_name"] = "outboxkit-forwarder-listen"
-			}
-			return pgx.ConnectConfig(ctx, cfg)
-		},
-		LogError: func(ctx context.Context, err error) {
-			if ctx.Err() == nil {
-				f.cfg.Logger.Error("Outbox LISTEN connection failed, reconnecting", err,
-					watermill.LogFields{"forwarder": f.cfg.Name, "retry_in": f.cfg.ListenRetry})
-			}
-		},
-		ReconnectDelay: f.cfg.ListenRetry,
-	}
-	l.Handle(f.schema.NotifyChannel(), wakeHandler{
-		onNotify: signal,
-		onListen: func() {
-			f.markStarted()
-			signal()
-		},
-	})
-	_ = l.Listen(ctx) // returns only when ctx ends
-}
-
-// wakeHandler turns notifications into wake-ups. As a pgxlisten.BacklogHandler it learns when
-// LISTEN has been issued on a new connection.
-type wakeHandler struct {
-	onNotify func()
-	onListen func()
-}
-
-func (h wakeHandler) HandleNotification(context.Context, *pgconn.Notification, *pgx.Conn) error {
-	h.onNotify()
-	return nil
-}
-
-func (h wakeHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
-	h.onListen()
-	return nil
-}
 
 func (f *Forwarder) pruneLoop(ctx context.Context) {
 	ticker := time.NewTicker(f.cfg.Retention.Interval)

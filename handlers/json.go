@@ -7,12 +7,15 @@ import (
 	"fmt"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxkit/outboxkit"
 )
 
-// Func is a typed handler: it makes its effect for event through tx. MessageFrom(ctx) gives it the
-// message itself: its UUID, its metadata (event type, partition key, version, trace context).
-type Func[T any] func(ctx context.Context, tx pgx.Tx, event T) error
+// Func is a typed handler: it makes its effect for event through tx, the inbox's transaction in
+// the type of the store's driver (pgx.Tx with store/pgxstore, *sql.Tx with the database/sql
+// drivers). MessageFrom(ctx) gives it the message itself: its UUID, its metadata (event type,
+// partition key, version, trace context).
+type Func[TTx, T any] func(ctx context.Context, tx TTx, event T) error
 
 // Decoder turns a payload into a T.
 type Decoder[T any] func(payload []byte, into *T) error
@@ -23,16 +26,23 @@ var ErrNoTx = errors.New("no transaction in the message context: put the inbox m
 
 // JSON turns fn into a Watermill handler that decodes the payload as JSON into a T. A payload that
 // does not decode is a permanent error: quarantined at once, never retried.
-func JSON[T any](fn Func[T]) message.NoPublishHandlerFunc {
+func JSON[TTx, T any](fn Func[TTx, T]) message.NoPublishHandlerFunc {
 	return Decoded(func(payload []byte, into *T) error { return json.Unmarshal(payload, into) }, fn)
 }
 
 // Decoded is JSON with a decoder of your choice (protobuf, Avro…). A decode error is permanent.
-func Decoded[T any](decode Decoder[T], fn Func[T]) message.NoPublishHandlerFunc {
+//
+// A handler whose TTx is not the store's transaction type (a pgx.Tx handler behind a database/sql
+// store) fails with a permanent error that names both types: every message it is given is
+// quarantined, and replayable once the handler or the store is changed.
+func Decoded[TTx, T any](decode Decoder[T], fn Func[TTx, T]) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		ctx := msg.Context()
-		tx, ok := TxFrom(ctx)
-		if !ok {
+		tx, ok, err := outboxkit.TxFrom[TTx](ctx)
+		switch {
+		case err != nil:
+			return Permanent(fmt.Errorf("message %s: %w", msg.UUID, err))
+		case !ok:
 			return Permanent(ErrNoTx)
 		}
 		var event T

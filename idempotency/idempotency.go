@@ -1,12 +1,13 @@
 // Package idempotency is net/http middleware that makes a retried request return the first
 // response instead of acting twice, keyed by the client's Idempotency-Key header.
 //
-// The key's record is written in a database transaction that the handler is given (TxFrom): when
-// the handler makes its writes in it — the order and its outbox row, say — the writes and the
-// recorded response commit together, or neither does. A retry with the same key and body gets the
-// recorded response; one that arrives while the first is still running waits for it (the record's
-// row is locked); the same key with a different body is refused with 422. Responses with a 5xx
-// status are not recorded: the transaction rolls back and a retry runs the handler again.
+// The key's record is written in a database transaction that the handler is given
+// (outboxkit.TxFrom, in the store driver's transaction type): when the handler makes its writes
+// in it — the order and its outbox row, say — the writes and the recorded response commit
+// together, or neither does. A retry with the same key and body gets the recorded response; one
+// that arrives while the first is still running waits for it (the record's row is locked); the same
+// key with a different body is refused with 422. Responses with a 5xx status are not recorded: the
+// transaction rolls back and a retry runs the handler again.
 package idempotency
 
 import (
@@ -20,37 +21,49 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxkit/outboxkit/internal/schema"
+	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // Header is the request header carrying the key.
 const Header = "Idempotency-Key"
 
+// DefaultMaxBodyBytes bounds the request body read to hash it.
+const DefaultMaxBodyBytes = 1 << 20
+
 // Config configures Middleware.
 type Config struct {
-	// Pool reaches the database holding idempotency_keys (created by pipeline.Migrate). Required.
-	Pool *pgxpool.Pool
-	// Schema holds the table. Default "outboxkit".
-	Schema string
+	// Store holds idempotency_keys (created by pipeline.Migrate). Required.
+	Store store.Store
 	// Required refuses requests without the header with 400. Default false: they pass through
 	// without protection.
 	Required bool
-	// MaxBodyBytes bounds the request body read to hash it. Default 1 MiB; larger bodies get 413.
+	// MaxBodyBytes bounds the request body read to hash it. Default DefaultMaxBodyBytes (1 MiB);
+	// larger bodies get 413.
 	MaxBodyBytes int64
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 }
 
-type txKey struct{}
+func (c Config) withDefaults() Config {
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c
+}
 
-// TxFrom returns the transaction of the request's key record, for the handler's own writes.
-// ok is false when the request carries no key.
-func TxFrom(ctx context.Context) (pgx.Tx, bool) {
-	tx, ok := ctx.Value(txKey{}).(pgx.Tx)
-	return tx, ok
+func (c Config) validate() error {
+	var errs []error
+	if c.Store == nil {
+		errs = append(errs, errors.New("field Store is required: pass the store of the database the handler writes to"))
+	}
+	if c.MaxBodyBytes < 0 {
+		errs = append(errs, fmt.Errorf("field MaxBodyBytes must be positive, got %d", c.MaxBodyBytes))
+	}
+	return errors.Join(errs...)
 }
 
 // Replayed reports whether resp is a recorded response sent again (the header Idempotent-Replayed).
@@ -58,119 +71,104 @@ func Replayed(resp *http.Response) bool { return resp.Header.Get("Idempotent-Rep
 
 // Middleware returns the middleware. See the package documentation for what it guarantees.
 func Middleware(cfg Config) (func(http.Handler) http.Handler, error) {
-	if cfg.Pool == nil {
-		return nil, errors.New("idempotency: field Pool is required")
-	}
-	name, err := schema.Parse(cfg.Schema)
-	if err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("idempotency: %w", err)
 	}
-	if cfg.MaxBodyBytes == 0 {
-		cfg.MaxBodyBytes = 1 << 20
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	claim := name.Render(`INSERT INTO {{schema}}.idempotency_keys (key, scope, request_hash, status, headers, body, created_at)
-		VALUES ($1, $2, $3, 0, '{}', '', $4) ON CONFLICT (scope, key) DO NOTHING`)
-	record := name.Render(`UPDATE {{schema}}.idempotency_keys SET status = $3, headers = $4, body = $5
-		WHERE scope = $1 AND key = $2`)
-	lookup := name.Render(`SELECT request_hash, status, headers, body FROM {{schema}}.idempotency_keys
-		WHERE scope = $1 AND key = $2`)
-
+	m := &middleware{cfg: cfg}
 	return func(next http.Handler) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			key := r.Header.Get(Header)
-			if key == "" {
-				if cfg.Required {
-					problem(w, http.StatusBadRequest, "the "+Header+" header is required: send a unique key per operation "+
-						"(a UUID) and the same key when you retry it")
-					return
-				}
-				next.ServeHTTP(w, r)
-				return
-			}
-			if len(key) > 255 {
-				problem(w, http.StatusBadRequest, Header+" is longer than 255 characters")
-				return
-			}
-			body, err := io.ReadAll(io.LimitReader(r.Body, cfg.MaxBodyBytes+1))
-			if err != nil {
-				problem(w, http.StatusBadRequest, "cannot read the request body: "+err.Error())
-				return
-			}
-			if int64(len(body)) > cfg.MaxBodyBytes {
-				problem(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", cfg.MaxBodyBytes))
-				return
-			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			sum := sha256.Sum256(body)
-			scope := r.Method + " " + r.URL.Path
-			ctx := r.Context()
-
-			tx, err := cfg.Pool.Begin(ctx)
-			if err != nil {
-				problem(w, http.StatusServiceUnavailable, "database unavailable, retry with the same key")
-				return
-			}
-			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-			// A retry racing the first request blocks here until the first commits or rolls back.
-			tag, err := tx.Exec(ctx, claim, key, scope, sum[:], cfg.Now())
-			if err != nil {
-				problem(w, http.StatusServiceUnavailable, "database unavailable, retry with the same key")
-				return
-			}
-			if tag.RowsAffected() == 0 {
-				_ = tx.Rollback(ctx)
-				replay(w, r, cfg.Pool, lookup, scope, key, sum[:])
-				return
-			}
-
-			rec := &recorder{header: http.Header{}, status: http.StatusOK}
-			next.ServeHTTP(rec, r.WithContext(context.WithValue(ctx, txKey{}, tx)))
-			if rec.status >= 500 {
-				_ = tx.Rollback(ctx) // not recorded: a retry runs the handler again
-				rec.flush(w, false)
-				return
-			}
-			headers, _ := json.Marshal(rec.header)
-			_, err = tx.Exec(ctx, record, scope, key, rec.status, headers, rec.body.Bytes())
-			if err == nil {
-				err = tx.Commit(ctx)
-			}
-			if err != nil {
-				// A failed COMMIT may still have committed (its reply lost with the connection): the
-				// outcome is unknown, not "nothing happened". A retry with the same key tells: it gets
-				// the recorded response if the operation was kept, and runs it once if it was not.
-				problem(w, http.StatusServiceUnavailable, "the operation's outcome is unknown: recording its response "+
-					"failed or its confirmation was lost ("+err.Error()+"); retry with the same "+Header+
-					": you get the first response if it was kept, and it runs once if it was not")
-				return
-			}
-			rec.flush(w, false)
-		})
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { m.serve(next, w, r) })
 	}, nil
 }
 
-func replay(w http.ResponseWriter, r *http.Request, pool *pgxpool.Pool, lookup, scope, key string, sum []byte) {
-	var (
-		hash, body []byte
-		status     int
-		headers    []byte
-	)
-	if err := pool.QueryRow(r.Context(), lookup, scope, key).Scan(&hash, &status, &headers, &body); err != nil {
+type middleware struct{ cfg Config }
+
+func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get(Header)
+	if key == "" {
+		if m.cfg.Required {
+			problem(w, http.StatusBadRequest, "the "+Header+" header is required: send a unique key per operation "+
+				"(a UUID) and the same key when you retry it")
+			return
+		}
+		next.ServeHTTP(w, r)
+		return
+	}
+	if len(key) > 255 {
+		problem(w, http.StatusBadRequest, Header+" is longer than 255 characters")
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, m.cfg.MaxBodyBytes+1))
+	if err != nil {
+		problem(w, http.StatusBadRequest, "cannot read the request body: "+err.Error())
+		return
+	}
+	if int64(len(body)) > m.cfg.MaxBodyBytes {
+		problem(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over %d bytes", m.cfg.MaxBodyBytes))
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	sum := sha256.Sum256(body)
+	scope := r.Method + " " + r.URL.Path
+	ctx := r.Context()
+
+	tx, err := m.cfg.Store.BeginIdempotency(ctx)
+	if err != nil {
 		problem(w, http.StatusServiceUnavailable, "database unavailable, retry with the same key")
 		return
 	}
-	if !bytes.Equal(hash, sum) {
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// A retry racing the first request blocks here until the first commits or rolls back.
+	claimed, err := tx.ClaimKey(ctx, scope, key, sum[:], m.cfg.Now())
+	if err != nil {
+		problem(w, http.StatusServiceUnavailable, "database unavailable, retry with the same key")
+		return
+	}
+	if !claimed {
+		_ = tx.Rollback(ctx)
+		m.replay(w, r, scope, key, sum[:])
+		return
+	}
+
+	rec := &recorder{header: http.Header{}, status: http.StatusOK}
+	next.ServeHTTP(rec, r.WithContext(outboxkit.WithTx(ctx, tx.User())))
+	if rec.status >= 500 {
+		_ = tx.Rollback(ctx) // not recorded: a retry runs the handler again
+		rec.flush(w, false)
+		return
+	}
+	headers, _ := json.Marshal(rec.header)
+	err = tx.RecordResponse(ctx, scope, key, store.IdempotencyRecord{Status: rec.status, Headers: headers, Body: rec.body.Bytes()})
+	if err == nil {
+		err = tx.Commit(ctx)
+	}
+	if err != nil {
+		// A failed COMMIT may still have committed (its reply lost with the connection): the
+		// outcome is unknown, not "nothing happened". A retry with the same key tells: it gets
+		// the recorded response if the operation was kept, and runs it once if it was not.
+		problem(w, http.StatusServiceUnavailable, "the operation's outcome is unknown: recording its response "+
+			"failed or its confirmation was lost ("+err.Error()+"); retry with the same "+Header+
+			": you get the first response if it was kept, and it runs once if it was not")
+		return
+	}
+	rec.flush(w, false)
+}
+
+func (m *middleware) replay(w http.ResponseWriter, r *http.Request, scope, key string, sum []byte) {
+	rec, err := m.cfg.Store.IdempotencyRecord(r.Context(), scope, key)
+	if err != nil {
+		problem(w, http.StatusServiceUnavailable, "database unavailable, retry with the same key")
+		return
+	}
+	if !bytes.Equal(rec.RequestHash, sum) {
 		problem(w, http.StatusUnprocessableEntity, "this "+Header+" was already used with a different request body: "+
 			"use a new key for a new operation, or resend exactly the first body to get its response")
 		return
 	}
-	rec := &recorder{header: http.Header{}, status: status}
-	_ = json.Unmarshal(headers, &rec.header)
-	rec.body.Write(body)
-	rec.flush(w, true)
+	out := &recorder{header: http.Header{}, status: rec.Status}
+	_ = json.Unmarshal(rec.Headers, &out.header)
+	out.body.Write(rec.Body)
+	out.flush(w, true)
 }
 
 // recorder captures the handler's response so it can be stored before it is sent.

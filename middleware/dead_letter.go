@@ -1,7 +1,6 @@
 package middleware
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,11 +9,10 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outboxkit/handlers"
-	"github.com/outboxkit/outboxkit/internal/pgtext"
+	"github.com/outboxkit/outboxkit/internal/dbtext"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // DefaultMaxDeliveries is how many deliveries a message gets before it is quarantined.
@@ -22,10 +20,8 @@ const DefaultMaxDeliveries = 5
 
 // DeadLetterConfig configures NewDeadLetter.
 type DeadLetterConfig struct {
-	// Pool reaches the database holding dead_letters. Required.
-	Pool *pgxpool.Pool
-	// Schema holds outboxkit's tables. Default "outboxkit".
-	Schema string
+	// Store holds dead_letters. Required.
+	Store store.Store
 	// Consumer names the consuming service. Required.
 	Consumer string
 
@@ -57,6 +53,36 @@ type DeadLetterConfig struct {
 	Logger watermill.LoggerAdapter
 }
 
+func (c DeadLetterConfig) withDefaults() DeadLetterConfig {
+	if c.MaxDeliveries == 0 {
+		c.MaxDeliveries = DefaultMaxDeliveries
+	}
+	if c.IsUnreachable == nil {
+		c.IsUnreachable = IsUnreachable
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	return c
+}
+
+func (c DeadLetterConfig) validate() error {
+	errs := requireStoreAndConsumer(c.Store, c.Consumer)
+	if c.MaxDeliveries < 1 {
+		errs = append(errs, fmt.Errorf("field MaxDeliveries must be at least 1, got %d", c.MaxDeliveries))
+	}
+	if (c.PoisonPublisher == nil) != (c.PoisonTopic == "") {
+		errs = append(errs, errors.New("fields PoisonPublisher and PoisonTopic go together: set both or neither"))
+	}
+	if c.DisableTable && c.PoisonPublisher == nil {
+		errs = append(errs, errors.New("field DisableTable leaves quarantined messages nowhere: set PoisonPublisher and PoisonTopic"))
+	}
+	return errors.Join(errs...)
+}
+
 // quarantined carries a message from our middleware to Watermill's PoisonQueue.
 type quarantined struct{ reason string }
 
@@ -65,116 +91,17 @@ func (q *quarantined) Error() string { return "quarantined: " + q.reason }
 // NewDeadLetter quarantines a message that cannot be processed — one the handler failed with a
 // permanent error, failed on its last allowed delivery, or never finished within MaxDeliveries —
 // and acknowledges it, so the queue keeps flowing behind it. A message delivered more often than
-// MaxDeliveries that was in fact processed (duplicates) is acknowledged as a duplicate instead. Other errors are returned, so the
-// message is retried. If storing or sending the quarantined message fails, the message is not
-// acknowledged: nothing is ever dropped.
+// MaxDeliveries that was in fact processed (duplicates) is acknowledged as a duplicate instead.
+// Other errors are returned, so the message is retried. If storing or sending the quarantined
+// message fails, the message is not acknowledged: nothing is ever dropped.
 func NewDeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
-	b, err := newBase(cfg.Pool, cfg.Schema, cfg.Consumer)
-	var errs []error
-	if err != nil {
-		errs = append(errs, err)
-	}
-	if cfg.MaxDeliveries == 0 {
-		cfg.MaxDeliveries = DefaultMaxDeliveries
-	}
-	if cfg.MaxDeliveries < 1 {
-		errs = append(errs, fmt.Errorf("field MaxDeliveries must be at least 1, got %d", cfg.MaxDeliveries))
-	}
-	if (cfg.PoisonPublisher == nil) != (cfg.PoisonTopic == "") {
-		errs = append(errs, errors.New("fields PoisonPublisher and PoisonTopic go together: set both or neither"))
-	}
-	if cfg.DisableTable && cfg.PoisonPublisher == nil {
-		errs = append(errs, errors.New("field DisableTable leaves quarantined messages nowhere: set PoisonPublisher and PoisonTopic"))
-	}
-	if err := errors.Join(errs...); err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("dead letter config: %w", err)
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
-	}
-	if cfg.IsUnreachable == nil {
-		cfg.IsUnreachable = IsUnreachable
-	}
-	insert := b.schema.Render(querySQL("quarantine.sql"))
-	inboxInsert := b.schema.Render(querySQL("insert_inbox.sql"))
-
-	// processed tells a crash loop from duplicates: every delivery of a message counts, duplicates
-	// too, so a message processed long ago can exceed MaxDeliveries as well. Deliveries of one
-	// message are serialized by DeliveryCount, so inserting the inbox row in a transaction that is
-	// rolled back answers exactly: it conflicts only if the message was processed.
-	processed := func(msg *message.Message, d *delivery) (bool, error) {
-		ctx := msg.Context()
-		tx, err := d.db(b.pool).BeginTx(ctx, pgx.TxOptions{})
-		if err != nil {
-			return false, err
-		}
-		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-		tag, err := tx.Exec(ctx, inboxInsert, b.consumer, msg.UUID, cfg.Now())
-		if err != nil {
-			return false, err
-		}
-		return tag.RowsAffected() == 0, nil
-	}
-
-	quarantine := func(msg *message.Message, d *delivery, reason string) error {
-		reason = pgtext.Storable(reason)
-		if !cfg.DisableTable {
-			metadata, err := json.Marshal(msg.Metadata)
-			if err != nil || msg.Metadata == nil {
-				metadata = []byte("{}")
-			}
-			payload := []byte(msg.Payload)
-			if payload == nil {
-				payload = []byte{}
-			}
-			topic := message.SubscribeTopicFromCtx(msg.Context())
-			if _, err := d.db(b.pool).Exec(msg.Context(), insert, b.consumer, topic, msg.UUID, payload,
-				string(metadata), reason, d.count, cfg.Now()); err != nil {
-				return fmt.Errorf("quarantine message %s (%s): %w", msg.UUID, reason, err)
-			}
-		}
-		d.deadLettered = true
-		cfg.Logger.Info("Message quarantined", watermill.LogFields{
-			"consumer": b.consumer, "message_uuid": msg.UUID, "deliveries": d.count, "reason": reason,
-		})
-		if cfg.PoisonPublisher != nil {
-			return &quarantined{reason: reason}
-		}
-		return nil
-	}
-
+	dl := &deadLetter{cfg: cfg}
 	deadLetter := func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			d := deliveryOf(msg)
-			if d.count > cfg.MaxDeliveries && msg.UUID != "" {
-				done, err := processed(msg, d)
-				if err != nil {
-					return nil, fmt.Errorf("check whether message %s was processed: %w", msg.UUID, err)
-				}
-				if done {
-					d.duplicate = true
-					return nil, nil
-				}
-				return nil, quarantine(msg, d, fmt.Sprintf(
-					"delivered %d times without finishing (at most %d allowed): the handler may be crashing the process",
-					d.count, cfg.MaxDeliveries))
-			}
-			out, err := h(msg)
-			switch {
-			case err == nil:
-				return out, nil
-			case cfg.IsUnreachable(err) && !handlers.IsPermanent(err):
-				return out, err // not the message's fault: the circuit waits for the dependency
-			case handlers.IsPermanent(err):
-				return nil, quarantine(msg, d, err.Error())
-			case d.count >= cfg.MaxDeliveries:
-				return nil, quarantine(msg, d, fmt.Sprintf("failed on delivery %d of %d: %v", d.count, cfg.MaxDeliveries, err))
-			}
-			return out, err
-		}
+		return func(msg *message.Message) ([]*message.Message, error) { return dl.handle(h, msg) }
 	}
 	if cfg.PoisonPublisher == nil {
 		return deadLetter, nil
@@ -187,4 +114,61 @@ func NewDeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 		return nil, fmt.Errorf("dead letter config: %w", err)
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc { return poison(deadLetter(h)) }, nil
+}
+
+type deadLetter struct{ cfg DeadLetterConfig }
+
+func (dl *deadLetter) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	d := deliveryOf(msg)
+	if d.count > dl.cfg.MaxDeliveries && msg.UUID != "" {
+		// Every delivery counts, duplicates too, so a message processed long ago can exceed
+		// MaxDeliveries as well: Processed tells a crash loop from duplicates, exactly.
+		done, err := d.session(dl.cfg.Store).Processed(msg.Context(), dl.cfg.Consumer, msg.UUID, dl.cfg.Now())
+		if err != nil {
+			return nil, fmt.Errorf("check whether message %s was processed: %w", msg.UUID, err)
+		}
+		if done {
+			d.duplicate = true
+			return nil, nil
+		}
+		return nil, dl.quarantine(msg, d, fmt.Sprintf(
+			"delivered %d times without finishing (at most %d allowed): the handler may be crashing the process",
+			d.count, dl.cfg.MaxDeliveries))
+	}
+	out, err := h(msg)
+	switch {
+	case err == nil:
+		return out, nil
+	case dl.cfg.IsUnreachable(err) && !handlers.IsPermanent(err):
+		return out, err // not the message's fault: the circuit waits for the dependency
+	case handlers.IsPermanent(err):
+		return nil, dl.quarantine(msg, d, err.Error())
+	case d.count >= dl.cfg.MaxDeliveries:
+		return nil, dl.quarantine(msg, d, fmt.Sprintf("failed on delivery %d of %d: %v", d.count, dl.cfg.MaxDeliveries, err))
+	}
+	return out, err
+}
+
+func (dl *deadLetter) quarantine(msg *message.Message, d *delivery, reason string) error {
+	reason = dbtext.Storable(reason)
+	if !dl.cfg.DisableTable {
+		metadata, err := json.Marshal(msg.Metadata)
+		if err != nil || msg.Metadata == nil {
+			metadata = []byte("{}")
+		}
+		if err := d.session(dl.cfg.Store).Quarantine(msg.Context(), store.Quarantine{
+			Consumer: dl.cfg.Consumer, Topic: message.SubscribeTopicFromCtx(msg.Context()), MessageID: msg.UUID,
+			Payload: msg.Payload, Metadata: metadata, Reason: reason, Deliveries: d.count, Now: dl.cfg.Now(),
+		}); err != nil {
+			return fmt.Errorf("quarantine message %s (%s): %w", msg.UUID, reason, err)
+		}
+	}
+	d.deadLettered = true
+	dl.cfg.Logger.Info("Message quarantined", watermill.LogFields{
+		"consumer": dl.cfg.Consumer, "message_uuid": msg.UUID, "deliveries": d.count, "reason": reason,
+	})
+	if dl.cfg.PoisonPublisher != nil {
+		return &quarantined{reason: reason}
+	}
+	return nil
 }

@@ -7,11 +7,8 @@ import (
 	"regexp"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxkit/outboxkit/internal/schema"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // delivery is what the middlewares learn about one delivery of a message, shared through the
@@ -22,25 +19,20 @@ type delivery struct {
 	duplicate    bool
 	deadLettered bool
 
-	// conn is the connection DeliveryCount holds for the whole delivery, with the message's
-	// advisory lock: the middlewares inside do their database work on it, so a delivery needs one
-	// connection however many steps it takes, and no two deliveries of a message overlap.
-	conn *pgxpool.Conn
+	// locked is the session DeliveryCount holds for the whole delivery, with the message's lock:
+	// the middlewares inside do their database work on it, so a delivery needs one connection
+	// however many steps it takes, and no two deliveries of a message overlap.
+	locked store.LockedSession
+	// inbox is the inbox's transaction while the handler runs, for the order guard.
+	inbox store.InboxTx
 }
 
-// querier is what a middleware needs of the database: the delivery's connection, or the pool.
-type querier interface {
-	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
-}
-
-// db returns the delivery's connection when DeliveryCount holds one, else pool.
-func (d *delivery) db(pool *pgxpool.Pool) querier {
-	if d.conn != nil {
-		return d.conn
+// session returns the delivery's locked session when DeliveryCount holds one, else the store's.
+func (d *delivery) session(s store.Store) store.Session {
+	if d.locked != nil {
+		return d.locked
 	}
-	return pool
+	return s.Session()
 }
 
 type deliveryKey struct{}
@@ -64,27 +56,29 @@ func Deliveries(ctx context.Context) int {
 	return 0
 }
 
-// base holds what every database-backed middleware needs.
-type base struct {
-	pool     *pgxpool.Pool
-	schema   schema.Name
-	consumer string
-}
-
 var consumerName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$`)
 
-func newBase(pool *pgxpool.Pool, schemaName, consumer string) (base, error) {
+// requireStoreAndConsumer validates what every database-backed middleware needs.
+func requireStoreAndConsumer(s store.Store, consumer string) []error {
 	var errs []error
-	if pool == nil {
-		errs = append(errs, errors.New("field Pool is required: pass the *pgxpool.Pool of the database holding the inbox"))
+	if s == nil {
+		errs = append(errs, errors.New("field Store is required: pass the store of the database holding the inbox "+
+			"(store/pgxstore, pgsqlstore, mysqlstore, sqlitestore, or stores.Open)"))
 	}
-	name, err := schema.Parse(schemaName)
-	if err != nil {
-		errs = append(errs, fmt.Errorf("field Schema: %w", err))
+	if err := validConsumer(consumer); err != nil {
+		errs = append(errs, err)
 	}
-	if !consumerName.MatchString(consumer) {
-		errs = append(errs, fmt.Errorf("field Consumer %q: name the consuming service (letters, digits, '.', '_', ':', '-', "+
-			"at most 100 characters), e.g. \"shipping\"; it keys the inbox, so it must not change", consumer))
-	}
-	return base{pool: pool, schema: name, consumer: consumer}, errors.Join(errs...)
+	return errs
 }
+
+func validConsumer(name string) error {
+	if !consumerName.MatchString(name) {
+		return fmt.Errorf("field Consumer %q: name the consuming service (letters, digits, '.', '_', ':', '-', "+
+			"at most 100 characters), e.g. \"shipping\"; it keys the inbox, so it must not change", name)
+	}
+	return nil
+}
+
+// errNoUUID rejects messages the inbox cannot deduplicate; the inbox marks it permanent.
+var errNoUUID = errors.New("message has no UUID: outboxkit deduplicates on it; publish through the outbox, " +
+	"or give every message a unique UUID (RabbitMQ's message_id and a CloudEvents id serve too)")

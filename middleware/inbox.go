@@ -8,12 +8,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/handlers"
-	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/internal/outboxmsg"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // DefaultInboxRetention is how long inbox rows are kept, and so the deduplication window.
@@ -21,10 +20,8 @@ const DefaultInboxRetention = 7 * 24 * time.Hour
 
 // InboxConfig configures NewInbox.
 type InboxConfig struct {
-	// Pool reaches the database holding the inbox and the consumer's own tables. Required.
-	Pool *pgxpool.Pool
-	// Schema holds outboxkit's tables. Default "outboxkit".
-	Schema string
+	// Store holds the inbox and the consumer's own tables. Required.
+	Store store.Store
 	// Consumer names the consuming service; each consumer deduplicates on its own. Required.
 	Consumer string
 
@@ -40,13 +37,31 @@ type InboxConfig struct {
 	// Default false.
 	DisableFastPath bool
 
-	// TxOptions for the inbox transaction. Default: the database's default (read committed).
-	TxOptions pgx.TxOptions
-
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
 	// Logger receives a debug line per duplicate. Default: none.
 	Logger watermill.LoggerAdapter
+}
+
+func (c InboxConfig) withDefaults() InboxConfig {
+	if c.Retention == 0 {
+		c.Retention = DefaultInboxRetention
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	return c
+}
+
+func (c InboxConfig) validate() error {
+	errs := requireStoreAndConsumer(c.Store, c.Consumer)
+	if c.Retention < 0 {
+		errs = append(errs, fmt.Errorf("field Retention must be positive, got %s", c.Retention))
+	}
+	return errors.Join(errs...)
 }
 
 // ErrPossibleDuplicate is returned (permanent) for a message older than the inbox retention that
@@ -57,8 +72,9 @@ var ErrPossibleDuplicate = errors.New("possible duplicate: the message is older 
 // NewInbox runs each message's handler in a transaction that first inserts the message's inbox
 // row. A message already in the inbox is a duplicate: the transaction is rolled back, the handler
 // does not run and the message is acknowledged. Otherwise the handler finds the transaction with
-// handlers.TxFrom, makes its effect through it, and the effect and the inbox row commit together.
-// A handler error rolls both back and is returned, so the message is retried.
+// outboxkit.TxFrom (a typed handler is given it), makes its effect through it, and the effect and
+// the inbox row commit together. A handler error rolls both back and is returned, so the message is
+// retried.
 //
 // Messages the handler returns (Watermill's AddHandler, whose router would publish them after the
 // handler) are written into the outbox in the same transaction, to the handler's publish topic,
@@ -67,126 +83,117 @@ var ErrPossibleDuplicate = errors.New("possible duplicate: the message is older 
 // an effect that rolled back — where the router's publish after the commit would lose them when
 // it failed or the process died, the redelivery being absorbed as a duplicate.
 func NewInbox(cfg InboxConfig) (message.HandlerMiddleware, error) {
-	b, err := newBase(cfg.Pool, cfg.Schema, cfg.Consumer)
-	if err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("inbox config: %w", err)
 	}
-	if cfg.Retention == 0 {
-		cfg.Retention = DefaultInboxRetention
-	}
-	if cfg.Retention < 0 {
-		return nil, fmt.Errorf("inbox config: field Retention must be positive, got %s", cfg.Retention)
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
-	}
-	insert := b.schema.Render(querySQL("insert_inbox.sql"))
-	seen := b.schema.Render(querySQL("seen.sql"))
-	countDuplicate := b.schema.Render(querySQL("count_duplicate.sql"))
-
-	duplicate := func(msg *message.Message, d *delivery) ([]*message.Message, error) {
-		d.duplicate = true
-		if _, err := d.db(b.pool).Exec(msg.Context(), countDuplicate, b.consumer, msg.UUID); err != nil {
-			cfg.Logger.Error("Cannot count a duplicate", err, watermill.LogFields{"consumer": b.consumer, "message_uuid": msg.UUID})
-		}
-		cfg.Logger.Debug("Duplicate message acknowledged", watermill.LogFields{
-			"consumer": b.consumer, "message_uuid": msg.UUID,
-		})
-		return nil, nil
-	}
-
+	in := &inbox{cfg: cfg}
 	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			if msg.UUID == "" {
-				return nil, handlers.Permanent(errNoUUID)
-			}
-			d := deliveryOf(msg)
-			ctx := msg.Context()
-			// On a first delivery (DeliveryCount says 1) there is nothing to find.
-			if !cfg.DisableFastPath && d.count != 1 {
-				var found bool
-				if err := d.db(b.pool).QueryRow(ctx, seen, b.consumer, msg.UUID).Scan(&found); err != nil {
-					return nil, fmt.Errorf("inbox lookup for message %s: %w", msg.UUID, err)
-				}
-				if found {
-					return duplicate(msg, d)
-				}
-			}
-
-			tx, err := d.db(b.pool).BeginTx(ctx, cfg.TxOptions)
-			if err != nil {
-				return nil, fmt.Errorf("begin inbox transaction for message %s: %w", msg.UUID, err)
-			}
-			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
-			now := cfg.Now()
-			tag, err := tx.Exec(ctx, insert, b.consumer, msg.UUID, now)
-			if err != nil {
-				return nil, fmt.Errorf("insert inbox row for message %s: %w", msg.UUID, err)
-			}
-			if tag.RowsAffected() == 0 {
-				_ = tx.Rollback(ctx) // before counting, which updates the row this transaction waited on
-				return duplicate(msg, d)
-			}
-			if created, ok := outboxkit.CreatedAt(msg); ok && now.Sub(created) > cfg.Retention {
-				return nil, handlers.Permanent(fmt.Errorf("message %s written %s ago, inbox retention %s: %w",
-					msg.UUID, now.Sub(created).Round(time.Second), cfg.Retention, ErrPossibleDuplicate))
-			}
-
-			msg.SetContext(handlers.WithTx(ctx, tx))
-			defer msg.SetContext(ctx) // a retry must not see this transaction
-			out, err := h(msg)
-			if err != nil {
-				return out, err
-			}
-			if err := emit(ctx, tx, b, msg, out); err != nil {
-				return nil, err
-			}
-			if err := tx.Commit(ctx); err != nil {
-				return nil, fmt.Errorf("commit inbox transaction for message %s: %w", msg.UUID, err)
-			}
-			return nil, nil
-		}
+		return func(msg *message.Message) ([]*message.Message, error) { return in.handle(h, msg) }
 	}, nil
+}
+
+type inbox struct{ cfg InboxConfig }
+
+func (in *inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	if msg.UUID == "" {
+		return nil, handlers.Permanent(errNoUUID)
+	}
+	d := deliveryOf(msg)
+	ctx := msg.Context()
+	session := d.session(in.cfg.Store)
+	// On a first delivery (DeliveryCount says 1) there is nothing to find.
+	if !in.cfg.DisableFastPath && d.count != 1 {
+		seen, err := session.Seen(ctx, in.cfg.Consumer, msg.UUID)
+		if err != nil {
+			return nil, fmt.Errorf("inbox lookup for message %s: %w", msg.UUID, err)
+		}
+		if seen {
+			return in.duplicate(msg, d, session)
+		}
+	}
+
+	tx, err := session.BeginInbox(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("begin inbox transaction for message %s: %w", msg.UUID, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
+	now := in.cfg.Now()
+	inserted, err := tx.InsertInbox(ctx, in.cfg.Consumer, msg.UUID, now)
+	if err != nil {
+		return nil, fmt.Errorf("insert inbox row for message %s: %w", msg.UUID, err)
+	}
+	if !inserted {
+		_ = tx.Rollback(ctx) // before counting, which updates the row this transaction waited on
+		return in.duplicate(msg, d, session)
+	}
+	if created, ok := outboxkit.CreatedAt(msg); ok && now.Sub(created) > in.cfg.Retention {
+		return nil, handlers.Permanent(fmt.Errorf("message %s written %s ago, inbox retention %s: %w",
+			msg.UUID, now.Sub(created).Round(time.Second), in.cfg.Retention, ErrPossibleDuplicate))
+	}
+
+	d.inbox = tx
+	msg.SetContext(outboxkit.WithTx(ctx, tx.User()))
+	defer func() { msg.SetContext(ctx); d.inbox = nil }() // a retry must not see this transaction
+	out, err := h(msg)
+	if err != nil {
+		return out, err
+	}
+	if err := in.emit(ctx, tx, msg, out); err != nil {
+		return nil, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("commit inbox transaction for message %s: %w", msg.UUID, err)
+	}
+	return nil, nil
+}
+
+func (in *inbox) duplicate(msg *message.Message, d *delivery, session store.Session) ([]*message.Message, error) {
+	d.duplicate = true
+	if err := session.CountDuplicate(msg.Context(), in.cfg.Consumer, msg.UUID); err != nil {
+		in.cfg.Logger.Error("Cannot count a duplicate", err, watermill.LogFields{"consumer": in.cfg.Consumer, "message_uuid": msg.UUID})
+	}
+	in.cfg.Logger.Debug("Duplicate message acknowledged", watermill.LogFields{"consumer": in.cfg.Consumer, "message_uuid": msg.UUID})
+	return nil, nil
 }
 
 // emit writes the messages a handler returned into the outbox, in the inbox's transaction, to the
 // handler's publish topic.
-func emit(ctx context.Context, tx pgx.Tx, b base, msg *message.Message, out []*message.Message) error {
+func (in *inbox) emit(ctx context.Context, tx store.InboxTx, msg *message.Message, out []*message.Message) error {
 	if len(out) == 0 {
 		return nil
 	}
 	topic := message.PublishTopicFromCtx(ctx)
 	if topic == "" {
 		return fmt.Errorf("message %s: the handler returned %d messages but has no publish topic: register it with "+
-			"Router.AddHandler and a publish topic, or publish inside the handler with pipeline.NewPgxPublisher", msg.UUID, len(out))
+			"Router.AddHandler and a publish topic, or publish inside the handler with pipeline.NewPublisher", msg.UUID, len(out))
 	}
 	for _, m := range out {
 		if m.Context() == context.Background() {
 			m.SetContext(ctx) // the consumer's trace context is stored with the row
 		}
 	}
-	pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: string(b.schema)})
-	if err != nil {
-		return err
+	rows, err := outboxmsg.Rows(topic, out)
+	if err == nil {
+		err = tx.InsertOutbox(out[0].Context(), rows)
 	}
-	if err := pub.Publish(topic, out...); err != nil {
+	if err != nil {
 		return fmt.Errorf("write the %d messages the handler of %s returned into the outbox: %w", len(out), msg.UUID, err)
 	}
 	return nil
 }
 
+// DefaultPruneBatchSize bounds the rows one pruning statement deletes.
+const DefaultPruneBatchSize = 1000
+
 // PruneConfig configures PruneInbox.
 type PruneConfig struct {
-	// Pool reaches the database holding the inbox. Required.
-	Pool *pgxpool.Pool
-	// Schema holds outboxkit's tables. Default "outboxkit".
-	Schema string
+	// Store holds the inbox. Required.
+	Store store.Store
 	// Consumer limits pruning to one consumer. Default: all consumers.
 	Consumer string
-	// BatchSize bounds the rows one DELETE removes, so pruning never holds long locks. Default 1000.
+	// BatchSize bounds the rows one DELETE removes, so pruning never holds long locks.
+	// Default DefaultPruneBatchSize.
 	BatchSize int
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
@@ -200,35 +207,42 @@ type PruneConfig struct {
 // processed again. Keep it longer than the broker's redelivery horizon and any replay you might
 // run, and equal to the inbox middleware's Retention, which quarantines messages older than it.
 func PruneInbox(ctx context.Context, cfg PruneConfig, olderThan time.Duration) (int, error) {
-	if cfg.Consumer != "" && !consumerName.MatchString(cfg.Consumer) {
-		return 0, fmt.Errorf("prune inbox: consumer name %q is not valid", cfg.Consumer)
+	var errs []error
+	if cfg.Store == nil {
+		errs = append(errs, errors.New("field Store is required"))
 	}
-	b, err := newBase(cfg.Pool, cfg.Schema, "all")
-	if err != nil {
-		return 0, fmt.Errorf("prune inbox: %w", err)
+	if cfg.Consumer != "" {
+		if err := validConsumer(cfg.Consumer); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if olderThan <= 0 {
-		return 0, fmt.Errorf("prune inbox: olderThan must be positive, got %s", olderThan)
+		errs = append(errs, fmt.Errorf("olderThan must be positive, got %s", olderThan))
+	}
+	if cfg.BatchSize < 0 {
+		errs = append(errs, fmt.Errorf("field BatchSize must be positive, got %d", cfg.BatchSize))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return 0, fmt.Errorf("prune inbox: %w", err)
 	}
 	if cfg.BatchSize == 0 {
-		cfg.BatchSize = 1000
+		cfg.BatchSize = DefaultPruneBatchSize
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
 	cutoff := cfg.Now().Add(-olderThan)
 	deleted := 0
-	for _, q := range []string{"prune_inbox.sql", "prune_deliveries.sql"} {
-		query := b.schema.Render(querySQL(q))
+	for i, prune := range []func(context.Context, string, time.Time, int) (int, error){cfg.Store.PruneInbox, cfg.Store.PruneDeliveries} {
 		for {
-			tag, err := b.pool.Exec(ctx, query, cfg.Consumer, cutoff, cfg.BatchSize)
+			n, err := prune(ctx, cfg.Consumer, cutoff, cfg.BatchSize)
 			if err != nil {
 				return deleted, fmt.Errorf("prune inbox: %w", err)
 			}
-			if q == "prune_inbox.sql" {
-				deleted += int(tag.RowsAffected())
+			if i == 0 { // inbox rows; delivery counts are not reported
+				deleted += n
 			}
-			if int(tag.RowsAffected()) < cfg.BatchSize {
+			if n < cfg.BatchSize {
 				break
 			}
 		}

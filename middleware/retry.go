@@ -12,13 +12,17 @@ import (
 	"github.com/outboxkit/outboxkit/handlers"
 )
 
+// DefaultMaxRetries is how many times a failed message is retried in-process.
+const DefaultMaxRetries = 3
+
 // DefaultRetryBackoff spaces in-process retries: 100ms, 200ms, 400ms … capped at 2s, each ±20%.
 var DefaultRetryBackoff = outboxkit.Backoff{Initial: 100 * time.Millisecond, Max: 2 * time.Second, Multiplier: 2, Jitter: 0.2}
 
 // RetryConfig configures NewRetry.
 type RetryConfig struct {
 	// MaxRetries is how many times a failed message is retried in-process before the error goes
-	// out (to the dead-letter middleware, then the broker). Default 3. Set -1 for none.
+	// out (to the dead-letter middleware, then the broker). Default DefaultMaxRetries (3). Set -1
+	// for none.
 	MaxRetries int
 	// Backoff spaces the retries; its interval grows up to Max, never a silent constant.
 	// Default DefaultRetryBackoff.
@@ -37,6 +41,30 @@ func retryable(err error) bool {
 	return !handlers.IsPermanent(err) && !errors.As(err, &p)
 }
 
+func (c RetryConfig) withDefaults() RetryConfig {
+	if c.MaxRetries == 0 {
+		c.MaxRetries = DefaultMaxRetries
+	}
+	if c.Backoff == (outboxkit.Backoff{}) {
+		c.Backoff = DefaultRetryBackoff
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
+	}
+	if c.IsUnreachable == nil {
+		c.IsUnreachable = IsUnreachable
+	}
+	return c
+}
+
+func (c RetryConfig) validate() error {
+	var errs []error
+	if c.MaxRetries < -1 {
+		errs = append(errs, fmt.Errorf("field MaxRetries must be -1 (none) or more, got %d", c.MaxRetries))
+	}
+	return errors.Join(append(errs, c.Backoff.Validate("Backoff"))...)
+}
+
 // NewRetry retries a failed message in-process with exponential backoff and jitter. Permanent
 // errors (handlers.Permanent) are not retried. A retry waits in the handler, so it holds back the
 // messages behind it on the same subscription: keep MaxRetries × Backoff short and leave longer
@@ -46,23 +74,9 @@ func retryable(err error) bool {
 // backoff whenever its ShouldRetry or OnRetryHook asks for the delay, so intervals grow faster
 // than configured, and a zero MaxInterval silently keeps the interval constant.
 func NewRetry(cfg RetryConfig) (message.HandlerMiddleware, error) {
-	if cfg.MaxRetries == 0 {
-		cfg.MaxRetries = 3
-	}
-	if cfg.MaxRetries < -1 {
-		return nil, fmt.Errorf("retry config: field MaxRetries must be -1 (none) or more, got %d", cfg.MaxRetries)
-	}
-	if cfg.Backoff == (outboxkit.Backoff{}) {
-		cfg.Backoff = DefaultRetryBackoff
-	}
-	if err := cfg.Backoff.Validate("Backoff"); err != nil {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
 		return nil, fmt.Errorf("retry config: %w", err)
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
-	}
-	if cfg.IsUnreachable == nil {
-		cfg.IsUnreachable = IsUnreachable
 	}
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {

@@ -7,25 +7,24 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // StackConfig configures Stack. Zero values take each middleware's documented default.
 type StackConfig struct {
-	// Pool reaches the database holding the inbox tables and the consumer's own. Required.
-	Pool *pgxpool.Pool
-	// Schema holds outboxkit's tables. Default "outboxkit".
-	Schema string
+	// Store holds the inbox tables and the consumer's own: store/pgxstore, pgsqlstore,
+	// mysqlstore, sqlitestore, or stores.Open. Required.
+	Store store.Store
 	// Consumer names the consuming service (Shipping, Billing…). Required; it must not change.
 	Consumer string
 
 	// MaxDeliveries before quarantine. Default DefaultMaxDeliveries (5).
 	MaxDeliveries int
-	// MaxRetries in-process before the error goes out. Default 3; -1 for none.
+	// MaxRetries in-process before the error goes out. Default DefaultMaxRetries (3); -1 for none.
 	MaxRetries int
 	// RetryBackoff spaces the in-process retries. Default DefaultRetryBackoff.
 	RetryBackoff outboxkit.Backoff
@@ -38,8 +37,9 @@ type StackConfig struct {
 	// PoisonPublisher and PoisonTopic also send quarantined messages to a poison topic.
 	PoisonPublisher message.Publisher
 	PoisonTopic     string
-	// OrderGuard adds the per-key version guard (see NewOrderGuard). Default false.
-	OrderGuard bool
+	// OrderGuard adds the per-key version guard (see NewOrderGuard), configured by its fields;
+	// its Store, Consumer and Now are the stack's. Default nil: no guard.
+	OrderGuard *OrderGuardConfig
 	// CircuitBackoff spaces the probes while a dependency is unreachable. Default
 	// DefaultCircuitBackoff.
 	CircuitBackoff outboxkit.Backoff
@@ -81,16 +81,18 @@ func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 	}
 	add(NewCircuit(CircuitConfig{Consumer: cfg.Consumer, Backoff: cfg.CircuitBackoff, IsUnreachable: cfg.IsUnreachable,
 		Registerer: cfg.Registerer, Now: cfg.Now, Logger: cfg.Logger}))
-	add(NewDeliveryCount(DeliveryCountConfig{Pool: cfg.Pool, Schema: cfg.Schema, Consumer: cfg.Consumer,
+	add(NewDeliveryCount(DeliveryCountConfig{Store: cfg.Store, Consumer: cfg.Consumer,
 		Now: cfg.Now, Logger: cfg.Logger, CountFirstDeliveries: cfg.CountFirstDeliveries, IsUnreachable: cfg.IsUnreachable}))
-	add(NewDeadLetter(DeadLetterConfig{Pool: cfg.Pool, Schema: cfg.Schema, Consumer: cfg.Consumer,
+	add(NewDeadLetter(DeadLetterConfig{Store: cfg.Store, Consumer: cfg.Consumer,
 		MaxDeliveries: cfg.MaxDeliveries, PoisonPublisher: cfg.PoisonPublisher, PoisonTopic: cfg.PoisonTopic,
 		IsUnreachable: cfg.IsUnreachable, Now: cfg.Now, Logger: cfg.Logger}))
 	add(NewRetry(RetryConfig{MaxRetries: cfg.MaxRetries, Backoff: cfg.RetryBackoff, IsUnreachable: cfg.IsUnreachable, Logger: cfg.Logger}))
-	add(NewInbox(InboxConfig{Pool: cfg.Pool, Schema: cfg.Schema, Consumer: cfg.Consumer,
+	add(NewInbox(InboxConfig{Store: cfg.Store, Consumer: cfg.Consumer,
 		Retention: cfg.InboxRetention, DisableFastPath: cfg.DisableFastPath, Now: cfg.Now, Logger: cfg.Logger}))
-	if cfg.OrderGuard {
-		add(NewOrderGuard(OrderGuardConfig{Pool: cfg.Pool, Schema: cfg.Schema, Consumer: cfg.Consumer, Now: cfg.Now}))
+	if cfg.OrderGuard != nil {
+		og := *cfg.OrderGuard
+		og.Store, og.Consumer, og.Now = cfg.Store, cfg.Consumer, cfg.Now
+		add(NewOrderGuard(og))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("consumer %q: %w", cfg.Consumer, err)

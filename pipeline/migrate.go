@@ -2,27 +2,28 @@ package pipeline
 
 import (
 	"context"
-	"database/sql"
+	"fmt"
 
-	"github.com/outboxkit/outboxkit/internal/schema"
+	"github.com/outboxkit/outboxkit/store"
 )
 
-// DefaultSchema is the Postgres schema that holds outboxkit's tables unless configured otherwise.
-const DefaultSchema = schema.Default
-
 // MigrateResult says what Migrate did.
-type MigrateResult = schema.MigrateResult
+type MigrateResult = store.MigrateResult
 
-// Migrate creates or upgrades outboxkit's tables in the given Postgres schema ("" means
-// DefaultSchema). It is idempotent and safe to run from several processes at once: each numbered
-// migration runs in its own transaction under an advisory lock, together with its version row.
+// Migrate creates or upgrades outboxkit's tables in s: embedded, numbered migrations of the
+// store's own dialect. It is idempotent and safe to run from several processes at once, and
+// refuses a database migrated by a newer build (store.ErrNewerSchema).
 //
-// Run it at deploy time or at service start, never from inside a business transaction. With pgx,
-// pass stdlib.OpenDBFromPool(pool).
-func Migrate(ctx context.Context, db *sql.DB, schemaName string) (MigrateResult, error) {
-	name, err := schema.Parse(schemaName)
-	if err != nil {
-		return MigrateResult{}, err
+// Run it at deploy time or at service start (or `outboxctl migrate`), never from inside a
+// business transaction.
+func Migrate(ctx context.Context, s store.Store) (MigrateResult, error) {
+	if s == nil {
+		return MigrateResult{}, fmt.Errorf("pipeline.Migrate: the store is nil: pass one from store/pgxstore, pgsqlstore, " +
+			"mysqlstore, sqlitestore or stores.Open")
 	}
-	return schema.Migrate(ctx, db, name)
+	res, err := s.Migrate(ctx)
+	if err != nil {
+		return res, fmt.Errorf("migrate %s (%s): %w", s.Info().Namespace, s.Info().Name, err)
+	}
+	return res, nil
 }

@@ -2,122 +2,85 @@ package pipeline
 
 import (
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 
-	"github.com/ThreeDotsLabs/watermill"
-	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 
-	"github.com/outboxkit/outboxkit/internal/pgerr"
-	"github.com/outboxkit/outboxkit/internal/schema"
+	"github.com/outboxkit/outboxkit/internal/outboxmsg"
+	"github.com/outboxkit/outboxkit/store"
 )
 
-// ErrTxClosed is returned by Publish when the transaction it is bound to has already been
-// committed or rolled back. Nothing is written.
-var ErrTxClosed = errors.New("outbox publish: the transaction is already committed or rolled back; " +
-	"publish inside the open transaction that writes the business change")
+// Errors Publish returns (wrapped), whatever the store. Nothing is written when Publish fails.
+var (
+	// ErrTxClosed: the transaction was already committed or rolled back.
+	ErrTxClosed = store.ErrTxDone
+	// ErrTxAborted: an earlier statement failed inside the transaction (Postgres ignores every
+	// statement until it is rolled back).
+	ErrTxAborted = store.ErrTxAborted
+	// ErrDuplicateUUID: a message's UUID is already in the outbox, or repeated within the call.
+	// The failed statement aborts the caller's transaction on Postgres.
+	ErrDuplicateUUID = store.ErrDuplicateUUID
+)
 
-// ErrTxAborted is returned by Publish when an earlier statement failed inside the transaction.
-// Postgres ignores every statement until the transaction is rolled back, so nothing is written.
-var ErrTxAborted = errors.New("outbox publish: the transaction was aborted by an earlier error; roll it back")
-
-// ErrDuplicateUUID is returned by Publish when a message's UUID is already in the outbox (or
-// repeated within the call). The statement fails, which aborts the caller's transaction.
-var ErrDuplicateUUID = errors.New("outbox publish: a message with this UUID is already in the outbox; " +
-	"every message needs its own UUID")
+// InvalidMessageError says why a message cannot be stored in the outbox.
+type InvalidMessageError = outboxmsg.InvalidError
 
 // PublisherConfig configures a transaction-bound Publisher. The zero value is ready to use.
-type PublisherConfig struct {
-	// Schema is the Postgres schema holding the outbox table. Default "outboxkit".
-	Schema string
-
-	// DisableNotify stops Publish from waking the forwarders with pg_notify; they find the rows
-	// at their next poll instead. Default false. See SchemaAdapter.DisableNotify.
-	DisableNotify bool
-
-	// Logger receives watermill-sql's trace logs. Default: none.
-	Logger watermill.LoggerAdapter
-}
+type PublisherConfig struct{}
 
 // Publisher is a Watermill message.Publisher that writes messages into the outbox inside the
-// caller's transaction. It never commits or rolls back: the messages become visible to the
-// forwarder when, and only if, the caller commits.
+// application's transaction. It never commits or rolls back: the messages become visible to the
+// forwarder when, and only if, the application commits.
 //
-// One Publish call inserts all its messages in one statement, in order. Build a Publisher per
-// transaction (it is cheap); it is not safe for concurrent use, like the transaction under it.
+// One Publish call writes its messages in order, in one statement where the store can. Build a
+// Publisher per transaction (it is cheap); like the transaction under it, it is not safe for
+// concurrent use.
 type Publisher struct {
-	inner  *wsql.Publisher
-	schema schema.Name
+	tx     store.Tx
+	closed bool
 }
 
-// NewPublisher binds a publisher to a database/sql transaction (lib/pq, or pgx through its
-// stdlib driver).
-func NewPublisher(tx *sql.Tx, cfg PublisherConfig) (*Publisher, error) {
-	if tx == nil {
+// NewPublisher binds a publisher to tx, a transaction of the application's database library
+// (pgx.Tx with store/pgxstore, *sql.Tx with the database/sql drivers) on the database s keeps.
+func NewPublisher[TTx any](s store.Driver[TTx], tx TTx, _ PublisherConfig) (*Publisher, error) {
+	if s == nil {
+		return nil, errors.New("pipeline.NewPublisher: the store is nil: pass the store of the database holding the outbox")
+	}
+	if any(tx) == nil {
 		return nil, errors.New("pipeline.NewPublisher: tx is nil: begin a transaction and pass it")
 	}
-	return newPublisher(wsql.TxFromStdSQL(tx), cfg)
+	return &Publisher{tx: s.UnwrapTx(tx)}, nil
 }
 
-// NewPgxPublisher binds a publisher to a native pgx transaction.
-func NewPgxPublisher(tx pgx.Tx, cfg PublisherConfig) (*Publisher, error) {
-	if tx == nil {
-		return nil, errors.New("pipeline.NewPgxPublisher: tx is nil: begin a transaction and pass it")
-	}
-	return newPublisher(wsql.TxFromPgx(tx), cfg)
-}
-
-func newPublisher(exec wsql.ContextExecutor, cfg PublisherConfig) (*Publisher, error) {
-	name, err := schema.Parse(cfg.Schema)
-	if err != nil {
-		return nil, fmt.Errorf("pipeline publisher: %w", err)
-	}
-	inner, err := wsql.NewPublisher(exec, wsql.PublisherConfig{
-		SchemaAdapter: SchemaAdapter{Schema: string(name), DisableNotify: cfg.DisableNotify},
-	}, cfg.Logger)
-	if err != nil {
-		return nil, fmt.Errorf("pipeline publisher: %w", err)
-	}
-	return &Publisher{inner: inner, schema: name}, nil
-}
-
-// Publish inserts the messages into the outbox within the bound transaction. The first message's
+// Publish writes the messages into the outbox within the bound transaction. The first message's
 // context bounds the statement. A call with no messages does nothing.
 //
-// On error nothing is written by this call; errors from the database (a duplicate UUID, for
-// example) also abort the caller's transaction, as any failed statement does in Postgres.
+// On error nothing is written by this call; an error from the database (a duplicate UUID, for
+// example) also aborts the caller's transaction on Postgres, as any failed statement does.
 func (p *Publisher) Publish(topic string, messages ...*message.Message) error {
+	if p.closed {
+		return errors.New("outbox publish: the publisher is closed")
+	}
 	if len(messages) == 0 {
 		return nil
 	}
-	err := p.inner.Publish(topic, messages...)
-	if err == nil {
-		return nil
+	rows, err := outboxmsg.Rows(topic, messages)
+	if err != nil {
+		return err
 	}
-	var invalid *InvalidMessageError
-	if errors.As(err, &invalid) {
-		return invalid
+	ctx := messages[0].Context()
+	if err := p.tx.InsertOutbox(ctx, rows); err != nil {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return fmt.Errorf("outbox publish: the message context ended before the insert ran: %w", err)
+		}
+		return fmt.Errorf("outbox publish: %w", err)
 	}
-	if errors.Is(err, sql.ErrTxDone) || errors.Is(err, pgx.ErrTxClosed) {
-		return fmt.Errorf("%w (%v)", ErrTxClosed, err)
-	}
-	switch code, constraint := pgerr.Code(err); {
-	case code == pgerr.InFailedTransaction:
-		return fmt.Errorf("%w (%v)", ErrTxAborted, err)
-	case code == pgerr.UniqueViolation && constraint == "outbox_uuid_key":
-		return fmt.Errorf("%w (%v)", ErrDuplicateUUID, err)
-	case code == pgerr.UndefinedTable:
-		return fmt.Errorf("outbox publish: table %s.outbox does not exist: run pipeline.Migrate "+
-			"(or `outboxctl migrate`) first: %w", p.schema.Ident(), err)
-	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("outbox publish: the message context ended before the insert ran: %w", err)
-	}
-	return fmt.Errorf("outbox publish: %w", err)
+	return nil
 }
 
 // Close makes later Publish calls fail. It does not touch the transaction.
-func (p *Publisher) Close() error { return p.inner.Close() }
+func (p *Publisher) Close() error {
+	p.closed = true
+	return nil
+}

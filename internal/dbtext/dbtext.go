@@ -1,5 +1,5 @@
-// Package pgtext makes arbitrary text storable in a Postgres text column.
-package pgtext
+// Package dbtext makes arbitrary text storable in a text column of any store.
+package dbtext
 
 import (
 	"strings"
@@ -9,7 +9,7 @@ import (
 // MaxLen bounds stored error texts: enough to diagnose, never a payload's worth.
 const MaxLen = 2000
 
-// Storable returns s as valid UTF-8 without NUL bytes (Postgres rejects both in text), cut to
+// Storable returns s as valid UTF-8 without NUL bytes (stores reject both in text), cut to
 // MaxLen bytes on a rune boundary with an ellipsis.
 func Storable(s string) string {
 	s = strings.ToValidUTF8(s, "\uFFFD")

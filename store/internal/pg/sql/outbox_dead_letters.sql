@@ -1,4 +1,5 @@
--- The selected dead-lettered rows, oldest first. $8 limit.
+-- Dead-lettered outbox rows, oldest first. Empty filters match all.
+-- $1 seqs, $2 uuids, $3 topic, $4 partition key, $5 error contains, $6 from, $7 until, $8 limit.
 SELECT seq, uuid, topic, coalesce(partition_key, ''), payload, metadata::text, attempts,
        coalesce(last_error, ''), created_at, dead_lettered_at
 FROM {{schema}}.outbox

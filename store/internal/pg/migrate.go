@@ -1,8 +1,7 @@
-package schema
+package pg
 
 import (
 	"context"
-	"database/sql"
 	"embed"
 	"fmt"
 	"io/fs"
@@ -10,6 +9,9 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/outboxkit/outboxkit/store"
+	"github.com/outboxkit/outboxkit/store/internal/dbexec"
 )
 
 //go:embed migrations/*.sql
@@ -49,20 +51,12 @@ func Migrations() []Migration {
 	return out
 }
 
-// MigrateResult says what Migrate did.
-type MigrateResult struct {
-	// Applied lists the versions this call applied, in order; empty when the schema was current.
-	Applied []int
-	// Version is the schema version after the call.
-	Version int
-}
-
 // Migrate brings the schema to the newest version. It is idempotent and safe to run from several
 // processes at once: every step runs in its own transaction that first takes a transaction-level
 // advisory lock for the schema, re-checks the version table, applies the step and records its
 // version row. A process that loses the race finds the version recorded and skips the step.
-func Migrate(ctx context.Context, db *sql.DB, name Name) (MigrateResult, error) {
-	var res MigrateResult
+func Migrate(ctx context.Context, db dbexec.DB, name Name) (store.MigrateResult, error) {
+	var res store.MigrateResult
 	lockKey := "outboxkit.migrate." + string(name)
 
 	bootstrap := fmt.Sprintf(`CREATE SCHEMA IF NOT EXISTS %[1]s;
@@ -71,8 +65,8 @@ CREATE TABLE IF NOT EXISTS %[1]s.schema_migrations (
     name       text        NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
 )`, name.Ident())
-	if err := inLockedTx(ctx, db, lockKey, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, bootstrap)
+	if err := inLockedTx(ctx, db, lockKey, func(tx dbexec.Tx) error {
+		_, err := tx.Exec(ctx, bootstrap)
 		return err
 	}); err != nil {
 		return res, fmt.Errorf("migrate schema %s: create version table: %w", name, err)
@@ -82,9 +76,9 @@ CREATE TABLE IF NOT EXISTS %[1]s.schema_migrations (
 	newest := migrations[len(migrations)-1].Version
 	for _, m := range migrations {
 		applied := false
-		err := inLockedTx(ctx, db, lockKey, func(tx *sql.Tx) error {
+		err := inLockedTx(ctx, db, lockKey, func(tx dbexec.Tx) error {
 			var present int
-			if err := tx.QueryRowContext(ctx,
+			if err := tx.QueryRow(ctx,
 				fmt.Sprintf(`SELECT count(*) FROM %s.schema_migrations WHERE version = $1`, name.Ident()),
 				m.Version).Scan(&present); err != nil {
 				return err
@@ -92,10 +86,10 @@ CREATE TABLE IF NOT EXISTS %[1]s.schema_migrations (
 			if present > 0 {
 				return nil
 			}
-			if _, err := tx.ExecContext(ctx, name.Render(m.SQL)); err != nil {
+			if _, err := tx.Exec(ctx, name.Render(m.SQL)); err != nil {
 				return err
 			}
-			if _, err := tx.ExecContext(ctx,
+			if _, err := tx.Exec(ctx,
 				fmt.Sprintf(`INSERT INTO %s.schema_migrations (version, name) VALUES ($1, $2)`, name.Ident()),
 				m.Version, m.Name); err != nil {
 				return err
@@ -111,36 +105,16 @@ CREATE TABLE IF NOT EXISTS %[1]s.schema_migrations (
 		}
 	}
 
-	if err := db.QueryRowContext(ctx,
+	if err := db.QueryRow(ctx,
 		fmt.Sprintf(`SELECT coalesce(max(version), 0) FROM %s.schema_migrations`, name.Ident()),
 	).Scan(&res.Version); err != nil {
 		return res, fmt.Errorf("migrate schema %s: read version: %w", name, err)
 	}
 	if res.Version > newest {
 		return res, fmt.Errorf("migrate schema %s: the database is at version %d but this build knows "+
-			"migrations up to %d: upgrade outboxkit before running it against this database",
-			name, res.Version, newest)
+			"migrations up to %d: %w", name, res.Version, newest, store.ErrNewerSchema)
 	}
 	return res, nil
-}
-
-// CurrentVersion returns the schema's applied version, 0 when it was never migrated.
-func CurrentVersion(ctx context.Context, db *sql.DB, name Name) (int, error) {
-	var exists bool
-	if err := db.QueryRowContext(ctx,
-		`SELECT to_regclass($1) IS NOT NULL`, name.Ident()+".schema_migrations").Scan(&exists); err != nil {
-		return 0, fmt.Errorf("read schema %s version: %w", name, err)
-	}
-	if !exists {
-		return 0, nil
-	}
-	var v int
-	err := db.QueryRowContext(ctx,
-		fmt.Sprintf(`SELECT coalesce(max(version), 0) FROM %s.schema_migrations`, name.Ident())).Scan(&v)
-	if err != nil {
-		return 0, fmt.Errorf("read schema %s version: %w", name, err)
-	}
-	return v, nil
 }
 
 // Newest returns the highest migration version this build knows.
@@ -149,21 +123,17 @@ func Newest() int {
 	return m[len(m)-1].Version
 }
 
-func inLockedTx(ctx context.Context, db *sql.DB, lockKey string, fn func(*sql.Tx) error) (err error) {
-	tx, err := db.BeginTx(ctx, nil)
+func inLockedTx(ctx context.Context, db dbexec.DB, lockKey string, fn func(dbexec.Tx) error) (err error) {
+	tx, err := db.Begin(ctx, dbexec.TxOptions{})
 	if err != nil {
 		return err
 	}
-	defer func() {
-		if err != nil {
-			_ = tx.Rollback()
-		}
-	}()
-	if _, err = tx.ExecContext(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, lockKey); err != nil {
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtext($1))`, lockKey); err != nil {
 		return err
 	}
 	if err = fn(tx); err != nil {
 		return err
 	}
-	return tx.Commit()
+	return tx.Commit(ctx)
 }

@@ -1,6 +1,4 @@
-// Package schema owns outboxkit's tables: the name of the Postgres schema they live in, the
-// embedded numbered migrations, and the rendering of the SQL files that refer to them.
-package schema
+package pg
 
 import (
 	"fmt"

@@ -1,0 +1,128 @@
+// Package outboxmsg turns Watermill messages into outbox rows: it validates what every store can
+// keep, and stores the writer's trace context with the row.
+package outboxmsg
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/internal/tracing"
+	"github.com/outboxkit/outboxkit/store"
+)
+
+// MaxFieldBytes bounds the topic, UUID and partition key. Brokers limit them far below this (AMQP
+// short strings are 255 bytes); the bound catches a payload passed as a key by mistake.
+const MaxFieldBytes = 255
+
+// InvalidError says why a message cannot be stored in the outbox. Nothing is written when it is
+// returned.
+type InvalidError struct {
+	Index  int    // position of the message in the Publish call
+	UUID   string // the message's UUID, possibly empty
+	Reason string
+}
+
+func (e *InvalidError) Error() string {
+	return fmt.Sprintf("outbox publish: message %d (uuid %q): %s", e.Index, e.UUID, e.Reason)
+}
+
+// Rows validates msgs for topic and returns them as outbox rows.
+func Rows(topic string, msgs []*message.Message) ([]store.OutboxMessage, error) {
+	if err := validateTopic(topic); err != nil {
+		return nil, err
+	}
+	out := make([]store.OutboxMessage, len(msgs))
+	for i, msg := range msgs {
+		row, err := toRow(i, topic, msg)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = row
+	}
+	return out, nil
+}
+
+func toRow(i int, topic string, msg *message.Message) (store.OutboxMessage, error) {
+	if msg == nil {
+		return store.OutboxMessage{}, &InvalidError{Index: i, Reason: "message is nil"}
+	}
+	invalid := func(format string, a ...any) error {
+		return &InvalidError{Index: i, UUID: msg.UUID, Reason: fmt.Sprintf(format, a...)}
+	}
+	if msg.UUID == "" {
+		return store.OutboxMessage{}, invalid("empty UUID: give every message a unique id (pipeline.NewEvent does), " +
+			"it is the identity consumers deduplicate on")
+	}
+	if reason := checkText(msg.UUID); reason != "" {
+		return store.OutboxMessage{}, invalid("UUID %s", reason)
+	}
+	if len(msg.UUID) > MaxFieldBytes {
+		return store.OutboxMessage{}, invalid("UUID is %d bytes; at most %d", len(msg.UUID), MaxFieldBytes)
+	}
+	for k, v := range msg.Metadata {
+		if k == "" {
+			return store.OutboxMessage{}, invalid("metadata has an empty key")
+		}
+		if reason := checkText(k); reason != "" {
+			return store.OutboxMessage{}, invalid("metadata key %q %s", k, reason)
+		}
+		if reason := checkText(v); reason != "" {
+			return store.OutboxMessage{}, invalid("metadata %q value %s", k, reason)
+		}
+	}
+	key := outboxkit.PartitionKey(msg)
+	if len(key) > MaxFieldBytes {
+		return store.OutboxMessage{}, invalid("partition key is %d bytes; at most %d", len(key), MaxFieldBytes)
+	}
+	md := msg.Metadata
+	if !tracing.Has(md) && trace.SpanContextFromContext(msg.Context()).IsValid() {
+		// The writer's trace context travels with the row (W3C traceparent/tracestate), so the
+		// relay can link its publish to the request and the consumers can continue its trace.
+		// Written into a copy: the caller's message stays as it was given.
+		withTrace := make(message.Metadata, len(md)+2)
+		maps.Copy(withTrace, md)
+		tracing.Inject(msg.Context(), withTrace)
+		md = withTrace
+	}
+	metadata := []byte("{}")
+	if md != nil {
+		var err error
+		if metadata, err = json.Marshal(md); err != nil {
+			return store.OutboxMessage{}, invalid("metadata cannot be encoded as JSON: %v", err)
+		}
+	}
+	return store.OutboxMessage{UUID: msg.UUID, Topic: topic, PartitionKey: key, Payload: msg.Payload, Metadata: metadata}, nil
+}
+
+func validateTopic(topic string) error {
+	if topic == "" {
+		return errors.New("outbox publish: empty topic: name the topic the event goes to, e.g. \"orders\"")
+	}
+	if reason := checkText(topic); reason != "" {
+		return fmt.Errorf("outbox publish: topic %q %s", topic, reason)
+	}
+	if len(topic) > MaxFieldBytes {
+		return fmt.Errorf("outbox publish: topic is %d bytes; at most %d", len(topic), MaxFieldBytes)
+	}
+	return nil
+}
+
+// checkText reports why s cannot be stored as text, or "" when it can. Postgres rejects NUL in
+// text and JSON; encoding/json would silently replace invalid UTF-8.
+func checkText(s string) string {
+	switch {
+	case !utf8.ValidString(s):
+		return "is not valid UTF-8"
+	case strings.IndexByte(s, 0) >= 0:
+		return "contains a NUL byte, which the store cannot keep in text"
+	}
+	return ""
+}

@@ -1,0 +1,305 @@
+// Package pg is the Postgres dialect of outboxkit's store, shared by the pgx driver (store/pgxstore)
+// and the database/sql one (store/pgsqlstore): its SQL files, its numbered migrations, its claim
+// (one statement, FOR UPDATE SKIP LOCKED, rows held by the pass's transaction), its per-message
+// lock (a session advisory lock) and its wake-up (NOTIFY in the writer's INSERT, LISTEN in the relay).
+package pg
+
+import (
+	"context"
+	"database/sql"
+	"embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/lib/pq"
+
+	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/internal/pgerr"
+	"github.com/outboxkit/outboxkit/store"
+	"github.com/outboxkit/outboxkit/store/internal/dbexec"
+	"github.com/outboxkit/outboxkit/store/internal/sqlstore"
+)
+
+//go:embed sql/*.sql
+var sqlFiles embed.FS
+
+// Config configures the dialect.
+type Config struct {
+	// Schema holds outboxkit's tables. Default "outboxkit".
+	Schema string
+	// Driver names the library in Info ("pgx", "database/sql").
+	Driver string
+	// NativeArrays passes Go slices as array parameters (pgx); otherwise they go through lib/pq's
+	// array encoding, which every database/sql driver for Postgres accepts.
+	NativeArrays bool
+	// DisableNotify leaves pg_notify out of the writers' INSERT.
+	DisableNotify bool
+	// ListenConnect opens the relay's LISTEN connection; nil: no wake-ups, relays poll.
+	ListenConnect func(ctx context.Context) (*pgx.Conn, error)
+	// ListenRetry is the wait before the LISTEN connection is opened again. Default 2s.
+	ListenRetry time.Duration
+}
+
+// Dialect is Postgres.
+type Dialect struct {
+	cfg    Config
+	schema Name
+	q      sqlstore.Queries
+	claim  string
+	lockCount, lockRead, unlock string
+}
+
+// New returns the dialect; the schema name is validated.
+func New(cfg Config) (*Dialect, error) {
+	name, err := Parse(cfg.Schema)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.ListenRetry == 0 {
+		cfg.ListenRetry = 2 * time.Second
+	}
+	d := &Dialect{cfg: cfg, schema: name}
+	filter := d.read("dead_letter_filter.sql")
+	read := func(file string) string {
+		return strings.ReplaceAll(d.read(file), "{{dead_letter_filter}}", filter)
+	}
+	d.q = sqlstore.Queries{
+		OutboxStats:           read("outbox_stats.sql"),
+		OutboxDeadLetters:     read("outbox_dead_letters.sql"),
+		LockOutboxDeadLetters: read("lock_outbox_dead_letters.sql"),
+		ReplayOutbox:          read("replay_outbox.sql"),
+		PrunePublished:        read("prune_published.sql"),
+		MarkPublished:         read("mark_published.sql"),
+		DeletePublished:       read("delete_published.sql"),
+		MarkFailed:            read("mark_failed.sql"),
+		Seen:                  read("seen.sql"),
+		InsertInbox:           read("insert_inbox.sql"),
+		CountDuplicate:        read("count_duplicate.sql"),
+		Quarantine:            read("quarantine.sql"),
+		DeliveryCount:         read("delivery_count.sql"),
+		DeliveryFailed:        read("delivery_failed.sql"),
+		FirstDeliveryFailed:   read("first_delivery_failed.sql"),
+		ConsumerStats:         read("consumer_stats.sql"),
+		InboxDeadLetters:      read("inbox_dead_letters.sql"),
+		ResetDeliveries:       read("reset_deliveries.sql"),
+		MarkReplayed:          read("mark_replayed.sql"),
+		PruneInbox:            read("prune_inbox.sql"),
+		PruneDeliveries:       read("prune_deliveries.sql"),
+		LockVersion:           read("version_lock.sql"),
+		StoreVersion:          read("version_store.sql"),
+		ClaimKey:              read("claim_key.sql"),
+		RecordResponse:        read("record_response.sql"),
+		LookupKey:             read("lookup_key.sql"),
+	}
+	d.claim = read("claim.sql")
+	d.lockCount, d.lockRead, d.unlock = read("lock_count_delivery.sql"), read("lock_delivery_count.sql"), read("unlock_message.sql")
+	return d, nil
+}
+
+func (d *Dialect) read(file string) string {
+	b, err := sqlFiles.ReadFile("sql/" + file)
+	if err != nil {
+		panic("pg: embedded query " + file + " missing: " + err.Error())
+	}
+	return d.schema.Render(string(b))
+}
+
+// Schema is the dialect's schema.
+func (d *Dialect) Schema() Name { return d.schema }
+
+func (d *Dialect) Info() store.Info {
+	return store.Info{Name: "postgres (" + d.cfg.Driver + ")", Namespace: string(d.schema)}
+}
+
+func (d *Dialect) Queries() *sqlstore.Queries { return &d.q }
+
+func (d *Dialect) Int64s(v []int64) any {
+	if v == nil {
+		v = []int64{}
+	}
+	if d.cfg.NativeArrays {
+		return v
+	}
+	return pq.Array(v)
+}
+
+func (d *Dialect) Strings(v []string) any {
+	if v == nil {
+		v = []string{}
+	}
+	if d.cfg.NativeArrays {
+		return v
+	}
+	return pq.Array(v)
+}
+
+func (d *Dialect) Time(t time.Time) any { return t }
+
+func (d *Dialect) NullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return t
+}
+
+type failedJSON struct {
+	Seq            int64      `json:"seq"`
+	LastError      string     `json:"last_error"`
+	NextAttemptAt  *time.Time `json:"next_attempt_at"`
+	DeadLetteredAt *time.Time `json:"dead_lettered_at"`
+}
+
+func (d *Dialect) FailedRows(rows []store.FailedRow, now time.Time) ([]any, error) {
+	out := make([]failedJSON, len(rows))
+	for i, r := range rows {
+		out[i] = failedJSON{Seq: r.Seq, LastError: r.Error}
+		if r.DeadLettered {
+			out[i].DeadLetteredAt = &now
+		} else {
+			next := r.NextAttemptAt
+			out[i].NextAttemptAt = &next
+		}
+	}
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, err
+	}
+	return []any{string(b)}, nil
+}
+
+// maxMessagesPerInsert keeps one INSERT under Postgres's 65,535 bind parameters (five per row).
+const maxMessagesPerInsert = 65535 / 5
+
+// InsertQuery builds the INSERT of msgs, with the pg_notify that wakes relays at commit unless
+// notify is false. It is one statement however many messages.
+func InsertQuery(schema Name, msgs []store.OutboxMessage, notify bool) (string, []any, error) {
+	if len(msgs) > maxMessagesPerInsert {
+		return "", nil, fmt.Errorf("%d messages in one call; split them into calls of at most %d", len(msgs), maxMessagesPerInsert)
+	}
+	var q strings.Builder
+	args := make([]any, 0, len(msgs)*5+1)
+	if notify {
+		q.WriteString("WITH inserted AS (\n")
+	}
+	fmt.Fprintf(&q, "INSERT INTO %s.outbox (uuid, topic, partition_key, payload, metadata) VALUES ", schema.Ident())
+	for i, m := range msgs {
+		if i > 0 {
+			q.WriteString(", ")
+		}
+		n := len(args)
+		fmt.Fprintf(&q, "($%d::text, $%d::text, $%d::text, $%d::bytea, $%d::jsonb)", n+1, n+2, n+3, n+4, n+5)
+		var key any
+		if m.PartitionKey != "" {
+			key = m.PartitionKey
+		}
+		payload := m.Payload
+		if payload == nil {
+			payload = []byte{} // the column is NOT NULL; an empty payload is still a payload
+		}
+		args = append(args, m.UUID, m.Topic, key, payload, string(m.Metadata))
+	}
+	if notify {
+		fmt.Fprintf(&q, "\n)\nSELECT pg_notify($%d, '')", len(args)+1)
+		args = append(args, schema.NotifyChannel())
+	}
+	return q.String(), args, nil
+}
+
+func (d *Dialect) InsertOutbox(ctx context.Context, q dbexec.Querier, msgs []store.OutboxMessage) error {
+	query, args, err := InsertQuery(d.schema, msgs, !d.cfg.DisableNotify)
+	if err != nil {
+		return err
+	}
+	_, err = q.Exec(ctx, query, args...)
+	return err
+}
+
+// Claim runs claim.sql in a transaction that holds the rows until the pass finishes. If the
+// relay stalls with the rows locked longer than Hold, Postgres ends its session and frees them.
+func (d *Dialect) Claim(ctx context.Context, db dbexec.DB, p store.ClaimParams) (store.Claim, error) {
+	tx, err := db.Begin(ctx, dbexec.TxOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("begin outbox pass: %w", err)
+	}
+	fail := func(err error) (store.Claim, error) {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	if p.Hold > 0 {
+		if _, err := tx.Exec(ctx, "SELECT set_config('idle_in_transaction_session_timeout', $1, true)",
+			fmt.Sprintf("%dms", p.Hold.Milliseconds())); err != nil {
+			return fail(err)
+		}
+	}
+	rows, err := tx.Query(ctx, d.claim, p.Now, p.Limit, p.ParkKeyOnDeadLetter)
+	if err != nil {
+		return fail(err)
+	}
+	claimed, err := sqlstore.ScanOutboxRows(rows)
+	if err != nil {
+		return fail(err)
+	}
+	return sqlstore.NewHeldClaim(tx, claimed, d), nil
+}
+
+// LockMessage takes a connection of its own and, on it, the message's advisory lock and its
+// delivery count, in one round trip.
+func (d *Dialect) LockMessage(ctx context.Context, db dbexec.DB, consumer, messageID string, c store.Count) (dbexec.Conn, int, func(context.Context) bool, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	var count int
+	if c.Again {
+		err = conn.QueryRow(ctx, d.lockRead, consumer, messageID).Scan(&count)
+	} else {
+		err = conn.QueryRow(ctx, d.lockCount, consumer, messageID, c.Now, c.First).Scan(&count)
+	}
+	unlock := func(ctx context.Context) bool {
+		var released bool
+		return conn.QueryRow(ctx, d.unlock, consumer, messageID).Scan(&released) == nil && released
+	}
+	if err != nil {
+		// The statement may have taken the lock before it failed: release, or close the session.
+		conn.Release(!unlock(context.WithoutCancel(ctx)))
+		return nil, 0, nil, err
+	}
+	return conn, count, unlock, nil
+}
+
+func (d *Dialect) Waker() store.Waker {
+	if d.cfg.ListenConnect == nil {
+		return nil
+	}
+	return &listener{channel: d.schema.NotifyChannel(), connect: d.cfg.ListenConnect, retry: d.cfg.ListenRetry}
+}
+
+func (d *Dialect) Migrate(ctx context.Context, db dbexec.DB) (store.MigrateResult, error) {
+	return Migrate(ctx, db, d.schema)
+}
+
+// Classify translates Postgres errors, from pgx or lib/pq, once, at the seam.
+func (d *Dialect) Classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, sql.ErrTxDone) || errors.Is(err, pgx.ErrTxClosed) {
+		return fmt.Errorf("%w (%v)", store.ErrTxDone, err)
+	}
+	switch code, constraint := pgerr.Code(err); {
+	case code == pgerr.InFailedTransaction:
+		return fmt.Errorf("%w (%v)", store.ErrTxAborted, err)
+	case code == pgerr.UniqueViolation && constraint == "outbox_uuid_key":
+		return fmt.Errorf("%w (%v)", store.ErrDuplicateUUID, err)
+	case code == pgerr.UndefinedTable:
+		return fmt.Errorf("schema %s: %w (%v)", d.schema, store.ErrNotMigrated, err)
+	}
+	if pgerr.Unreachable(err) {
+		return outboxkit.Transport(err)
+	}
+	return err
+}

@@ -1,0 +1,8 @@
+-- Put dead-lettered rows back in line with a fresh attempt budget. $1 seqs.
+UPDATE {{schema}}.outbox
+SET dead_lettered_at = NULL,
+    attempts         = 0,
+    next_attempt_at  = NULL
+WHERE seq = ANY($1::bigint[])
+  AND dead_lettered_at IS NOT NULL
+  AND published_at IS NULL

@@ -1,0 +1,100 @@
+// Package sqlstore implements store.Store once, for every SQL database, over a Dialect: the
+// dialect brings its SQL text (its own files, placeholders and namespace) and the few things that
+// differ beyond text — how rows are claimed, how a message is locked, how relays are woken, how
+// migrations run, how its errors read — and sqlstore does the rest the same way everywhere.
+package sqlstore
+
+import (
+	"context"
+	"time"
+
+	"github.com/outboxkit/outboxkit/store"
+	"github.com/outboxkit/outboxkit/store/internal/dbexec"
+)
+
+// Dialect is what a database brings.
+type Dialect interface {
+	// Info names the store.
+	Info() store.Info
+	// Queries returns the dialect's statements, rendered for its namespace.
+	Queries() *Queries
+
+	// Args converts values into the dialect's parameters.
+	Int64s(v []int64) any
+	Strings(v []string) any
+	Time(t time.Time) any
+	// NullTime is Time, or NULL for the zero time.
+	NullTime(t time.Time) any
+	// FailedRows are the parameters of Queries.MarkFailed; dead-lettered rows are dead-lettered
+	// at now.
+	FailedRows(rows []store.FailedRow, now time.Time) ([]any, error)
+
+	// InsertOutbox writes msgs in one statement where it can.
+	InsertOutbox(ctx context.Context, q dbexec.Querier, msgs []store.OutboxMessage) error
+	// Claim takes the next rows to publish (see store.Claim).
+	Claim(ctx context.Context, db dbexec.DB, p store.ClaimParams) (store.Claim, error)
+	// LockMessage takes a connection holding the lock of (consumer, messageID) and counts the
+	// delivery on it (CountDelivery does it with the dialect's statements); unlock releases the
+	// lock and reports whether it is known to be released.
+	LockMessage(ctx context.Context, db dbexec.DB, consumer, messageID string, c store.Count) (conn dbexec.Conn, count int, unlock func(context.Context) bool, err error)
+	// Waker wakes relays, or is nil.
+	Waker() store.Waker
+	// Migrate brings the schema to the newest version.
+	Migrate(ctx context.Context, db dbexec.DB) (store.MigrateResult, error)
+	// Classify translates a driver error once, at the seam: unreachable → outboxkit.Transport,
+	// a duplicate outbox UUID → store.ErrDuplicateUUID, a finished or aborted transaction, missing
+	// tables → store.ErrNotMigrated; others unchanged.
+	Classify(err error) error
+}
+
+// Queries are a dialect's statements. Each names its parameters in order; a dialect whose
+// placeholders cannot repeat a parameter arranges for each to be passed once.
+type Queries struct {
+	// OutboxStats() → pending count, oldest pending created_at, dead-lettered count, oldest dead_lettered_at.
+	OutboxStats string
+	// OutboxDeadLetters(ids, uuids, topic, key, reason, from, until, limit) → DeadLetter columns (outbox).
+	OutboxDeadLetters string
+	// LockOutboxDeadLetters(ids, uuids, topic, key, reason, from, until) → the same, locked for a replay.
+	LockOutboxDeadLetters string
+	// ReplayOutbox(seqs): back in line with a fresh attempt budget.
+	ReplayOutbox string
+	// PrunePublished(cutoff, limit).
+	PrunePublished string
+	// MarkPublished(now, seqs); DeletePublished(seqs); MarkFailed(failed rows).
+	MarkPublished, DeletePublished, MarkFailed string
+
+	// Seen(consumer, id) → bool.
+	Seen string
+	// InsertInbox(consumer, id, now): 1 row affected when inserted, 0 when present.
+	InsertInbox string
+	// CountDuplicate(consumer, id).
+	CountDuplicate string
+	// Quarantine(consumer, topic, id, payload, metadata, reason, deliveries, now).
+	Quarantine string
+	// CountDelivery(consumer, id, now, first) → deliveries; with CountDeliveryRead(consumer, id)
+	// as a second statement where the first returns nothing.
+	CountDelivery, CountDeliveryRead string
+	// DeliveryCount(consumer, id) → deliveries (1 when none is recorded).
+	DeliveryCount string
+	// DeliveryFailed(consumer, id, error).
+	DeliveryFailed string
+	// FirstDeliveryFailed(consumer, id, now, error).
+	FirstDeliveryFailed string
+	// ConsumerStats() → consumer, processed, duplicates, dead letters.
+	ConsumerStats string
+	// InboxDeadLetters(ids, message ids, consumer, topic, reason, from, until, include replayed, limit) → DeadLetter columns (inbox).
+	InboxDeadLetters string
+	// ResetDeliveries(consumer, id); MarkReplayed(id, now).
+	ResetDeliveries, MarkReplayed string
+	// PruneInbox(consumer, cutoff, limit); PruneDeliveries(consumer, cutoff, limit).
+	PruneInbox, PruneDeliveries string
+	// LockVersion(consumer, key) → version; StoreVersion(consumer, key, version, now).
+	LockVersion, StoreVersion string
+
+	// ClaimKey(key, scope, hash, now): 1 row affected when claimed.
+	ClaimKey string
+	// RecordResponse(scope, key, status, headers, body).
+	RecordResponse string
+	// LookupKey(scope, key) → hash, status, headers, body.
+	LookupKey string
+}

@@ -1,0 +1,415 @@
+package sqlstore
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/outboxkit/outboxkit/store"
+	"github.com/outboxkit/outboxkit/store/internal/dbexec"
+)
+
+// Store is store.Store over a DB and a Dialect.
+type Store struct {
+	db dbexec.DB
+	d  Dialect
+	q  *Queries
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New returns the store of db in dialect d.
+func New(db dbexec.DB, d Dialect) *Store { return &Store{db: db, d: d, q: d.Queries()} }
+
+// DB is the store's connection pool.
+func (s *Store) DB() dbexec.DB { return s.db }
+
+// Dialect is the store's dialect.
+func (s *Store) Dialect() Dialect { return s.d }
+
+// UnwrapTx is the store's view of an application's transaction.
+func (s *Store) UnwrapTx(tx dbexec.Tx) store.Tx { return userTx{s: s, tx: tx} }
+
+func (s *Store) Info() store.Info { return s.d.Info() }
+
+func (s *Store) Migrate(ctx context.Context) (store.MigrateResult, error) {
+	res, err := s.d.Migrate(ctx, s.db)
+	return res, s.d.Classify(err)
+}
+
+func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.Claim, error) {
+	c, err := s.d.Claim(ctx, s.db, p)
+	if err != nil {
+		return nil, fmt.Errorf("claim outbox rows: %w", s.d.Classify(err))
+	}
+	return c, nil
+}
+
+func (s *Store) Waker() store.Waker { return s.d.Waker() }
+
+func (s *Store) OutboxStats(ctx context.Context, now time.Time) (store.OutboxStats, error) {
+	var (
+		st                    store.OutboxStats
+		oldestPending, oldDead dbexec.Time
+	)
+	if err := s.db.QueryRow(ctx, s.q.OutboxStats).Scan(&st.Pending, &oldestPending, &st.DeadLettered, &oldDead); err != nil {
+		return store.OutboxStats{}, fmt.Errorf("read outbox stats: %w", s.d.Classify(err))
+	}
+	if !oldestPending.IsZero() {
+		st.OldestPendingAge = max(0, now.Sub(oldestPending.Time))
+	}
+	if !oldDead.IsZero() {
+		st.OldestDeadLettered = max(0, now.Sub(oldDead.Time))
+	}
+	return st, nil
+}
+
+func (s *Store) outboxFilterArgs(f store.DeadLetterFilter) []any {
+	return []any{s.d.Int64s(f.IDs), s.d.Strings(f.MessageIDs), f.Topic, f.PartitionKey, f.ReasonContains,
+		s.d.NullTime(f.From), s.d.NullTime(f.Until)}
+}
+
+// limit is a listing's bound: 100 by default, none (as large as the databases take) when negative.
+func limit(n int) int {
+	switch {
+	case n == 0:
+		return 100
+	case n < 0:
+		return math.MaxInt32
+	}
+	return n
+}
+
+func (s *Store) OutboxDeadLetters(ctx context.Context, f store.DeadLetterFilter) ([]store.DeadLetter, error) {
+	f.Limit = limit(f.Limit)
+	letters, err := s.outboxDeadLetters(ctx, s.db, s.q.OutboxDeadLetters, append(s.outboxFilterArgs(f), f.Limit))
+	if err != nil {
+		return nil, fmt.Errorf("list outbox dead letters: %w", err)
+	}
+	return letters, nil
+}
+
+func (s *Store) outboxDeadLetters(ctx context.Context, q dbexec.Querier, query string, args []any) ([]store.DeadLetter, error) {
+	rows, err := q.Query(ctx, query, args...)
+	if err != nil {
+		return nil, s.d.Classify(err)
+	}
+	defer rows.Close()
+	var out []store.DeadLetter
+	for rows.Next() {
+		var (
+			created, deadAt dbexec.Time
+			metadata        []byte
+			letter          store.DeadLetter
+		)
+		if err := rows.Scan(&letter.ID, &letter.MessageID, &letter.Topic, &letter.PartitionKey, &letter.Payload, &metadata,
+			&letter.Attempts, &letter.Reason, &created, &deadAt); err != nil {
+			return nil, s.d.Classify(err)
+		}
+		letter.CreatedAt, letter.DeadLetteredAt = created.Time, deadAt.Time
+		letter.Metadata = decodeMetadata(metadata)
+		out = append(out, letter)
+	}
+	return out, s.d.Classify(rows.Err())
+}
+
+func decodeMetadata(raw []byte) map[string]string {
+	var md map[string]string
+	if json.Unmarshal(raw, &md) != nil {
+		return nil // not an object of strings: the reason it was dead-lettered, likely
+	}
+	return md
+}
+
+func (s *Store) ReplayOutbox(ctx context.Context, f store.DeadLetterFilter) ([]store.DeadLetter, error) {
+	if f.Empty() && !f.All {
+		return nil, fmt.Errorf("replay outbox dead letters: %w", store.ErrEmptyFilter)
+	}
+	var letters []store.DeadLetter
+	err := s.inTx(ctx, func(tx dbexec.Tx) error {
+		var err error
+		letters, err = s.outboxDeadLetters(ctx, tx, s.q.LockOutboxDeadLetters, s.outboxFilterArgs(f))
+		if err != nil || len(letters) == 0 {
+			return err
+		}
+		seqs := make([]int64, len(letters))
+		for i, l := range letters {
+			seqs[i] = l.ID
+		}
+		_, err = tx.Exec(ctx, s.q.ReplayOutbox, s.d.Int64s(seqs))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("replay outbox dead letters: %w", err)
+	}
+	return letters, nil
+}
+
+func (s *Store) PrunePublished(ctx context.Context, cutoff time.Time, limit int) (int, error) {
+	n, err := s.db.Exec(ctx, s.q.PrunePublished, s.d.Time(cutoff), limit)
+	if err != nil {
+		return 0, fmt.Errorf("prune published outbox rows: %w", s.d.Classify(err))
+	}
+	return int(n), nil
+}
+
+// inTx runs fn in a transaction of the pool, committing when it returns nil.
+func (s *Store) inTx(ctx context.Context, fn func(dbexec.Tx) error) error {
+	tx, err := s.db.Begin(ctx, dbexec.TxOptions{})
+	if err != nil {
+		return s.d.Classify(err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := fn(tx); err != nil {
+		return s.d.Classify(err)
+	}
+	return s.d.Classify(tx.Commit(ctx))
+}
+
+func (s *Store) Session() store.Session { return session{s: s, db: s.db} }
+
+func (s *Store) LockMessage(ctx context.Context, consumer, messageID string, c store.Count) (store.LockedSession, int, error) {
+	conn, count, unlock, err := s.d.LockMessage(ctx, s.db, consumer, messageID, c)
+	if err != nil {
+		return nil, 0, fmt.Errorf("lock and count delivery of message %s: %w", messageID, s.d.Classify(err))
+	}
+	return &lockedSession{session: session{s: s, db: conn}, conn: conn, unlock: unlock}, count, nil
+}
+
+// CountDelivery counts a delivery (or reads the count of one counted already) with the dialect's
+// statements, on the connection that holds the message's lock.
+func CountDelivery(ctx context.Context, q dbexec.Querier, d Dialect, consumer, messageID string, c store.Count) (int, error) {
+	qs := d.Queries()
+	var n int
+	if c.Again {
+		err := q.QueryRow(ctx, qs.DeliveryCount, consumer, messageID).Scan(&n)
+		return n, err
+	}
+	if qs.CountDeliveryRead == "" {
+		err := q.QueryRow(ctx, qs.CountDelivery, consumer, messageID, d.Time(c.Now), c.First).Scan(&n)
+		return n, err
+	}
+	if _, err := q.Exec(ctx, qs.CountDelivery, consumer, messageID, d.Time(c.Now), c.First); err != nil {
+		return 0, err
+	}
+	err := q.QueryRow(ctx, qs.CountDeliveryRead, consumer, messageID).Scan(&n)
+	return n, err
+}
+
+func (s *Store) RecordFirstFailure(ctx context.Context, consumer, messageID string, now time.Time, errText string) error {
+	if _, err := s.db.Exec(ctx, s.q.FirstDeliveryFailed, consumer, messageID, s.d.Time(now), errText); err != nil {
+		return fmt.Errorf("record the failed first delivery of %s: %w", messageID, s.d.Classify(err))
+	}
+	return nil
+}
+
+func (s *Store) ConsumerStats(ctx context.Context, _ time.Time) ([]store.ConsumerStats, error) {
+	rows, err := s.db.Query(ctx, s.q.ConsumerStats)
+	if err != nil {
+		return nil, fmt.Errorf("consumer stats: %w", s.d.Classify(err))
+	}
+	defer rows.Close()
+	var out []store.ConsumerStats
+	for rows.Next() {
+		var c store.ConsumerStats
+		if err := rows.Scan(&c.Consumer, &c.Processed, &c.Duplicates, &c.DeadLetters); err != nil {
+			return nil, fmt.Errorf("consumer stats: %w", s.d.Classify(err))
+		}
+		out = append(out, c)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("consumer stats: %w", s.d.Classify(err))
+	}
+	return out, nil
+}
+
+func (s *Store) InboxDeadLetters(ctx context.Context, f store.DeadLetterFilter) ([]store.DeadLetter, error) {
+	f.Limit = limit(f.Limit)
+	rows, err := s.db.Query(ctx, s.q.InboxDeadLetters, s.d.Int64s(f.IDs), s.d.Strings(f.MessageIDs), f.Consumer, f.Topic,
+		f.ReasonContains, s.d.NullTime(f.From), s.d.NullTime(f.Until), f.IncludeReplayed, f.Limit)
+	if err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", s.d.Classify(err))
+	}
+	defer rows.Close()
+	var out []store.DeadLetter
+	for rows.Next() {
+		var (
+			letter           store.DeadLetter
+			metadata         []byte
+			deadAt, replayed dbexec.Time
+		)
+		if err := rows.Scan(&letter.ID, &letter.Consumer, &letter.Topic, &letter.MessageID, &letter.Payload, &metadata,
+			&letter.Reason, &letter.Attempts, &deadAt, &replayed); err != nil {
+			return nil, fmt.Errorf("list dead letters: %w", s.d.Classify(err))
+		}
+		letter.DeadLetteredAt, letter.ReplayedAt = deadAt.Time, replayed.Time
+		letter.Metadata = decodeMetadata(metadata)
+		out = append(out, letter)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list dead letters: %w", s.d.Classify(err))
+	}
+	return out, nil
+}
+
+func (s *Store) ResetDeliveries(ctx context.Context, consumer, messageID string) error {
+	_, err := s.db.Exec(ctx, s.q.ResetDeliveries, consumer, messageID)
+	return s.d.Classify(err)
+}
+
+func (s *Store) MarkReplayed(ctx context.Context, id int64, now time.Time) error {
+	_, err := s.db.Exec(ctx, s.q.MarkReplayed, id, s.d.Time(now))
+	return s.d.Classify(err)
+}
+
+func (s *Store) PruneInbox(ctx context.Context, consumer string, cutoff time.Time, limit int) (int, error) {
+	n, err := s.db.Exec(ctx, s.q.PruneInbox, consumer, s.d.Time(cutoff), limit)
+	return int(n), s.d.Classify(err)
+}
+
+func (s *Store) PruneDeliveries(ctx context.Context, consumer string, cutoff time.Time, limit int) (int, error) {
+	n, err := s.db.Exec(ctx, s.q.PruneDeliveries, consumer, s.d.Time(cutoff), limit)
+	return int(n), s.d.Classify(err)
+}
+
+func (s *Store) BeginIdempotency(ctx context.Context) (store.IdempotencyTx, error) {
+	tx, err := s.db.Begin(ctx, dbexec.TxOptions{})
+	if err != nil {
+		return nil, s.d.Classify(err)
+	}
+	return idempotencyTx{userTx{s: s, tx: tx}}, nil
+}
+
+func (s *Store) IdempotencyRecord(ctx context.Context, scope, key string) (store.IdempotencyRecord, error) {
+	var (
+		r       store.IdempotencyRecord
+		headers string
+	)
+	err := s.db.QueryRow(ctx, s.q.LookupKey, scope, key).Scan(&r.RequestHash, &r.Status, &headers, &r.Body)
+	r.Headers = []byte(headers)
+	return r, s.d.Classify(err)
+}
+
+// userTx is a transaction as outboxkit uses it.
+type userTx struct {
+	s  *Store
+	tx dbexec.Tx
+}
+
+func (t userTx) InsertOutbox(ctx context.Context, msgs []store.OutboxMessage) error {
+	if len(msgs) == 0 {
+		return nil
+	}
+	return t.s.d.Classify(t.s.d.InsertOutbox(ctx, t.tx, msgs))
+}
+
+func (t userTx) User() any { return t.tx.User() }
+
+func (t userTx) Commit(ctx context.Context) error   { return t.s.d.Classify(t.tx.Commit(ctx)) }
+func (t userTx) Rollback(ctx context.Context) error { return t.s.d.Classify(t.tx.Rollback(ctx)) }
+
+type idempotencyTx struct{ userTx }
+
+func (t idempotencyTx) ClaimKey(ctx context.Context, scope, key string, hash []byte, now time.Time) (bool, error) {
+	n, err := t.tx.Exec(ctx, t.s.q.ClaimKey, key, scope, hash, t.s.d.Time(now))
+	return n == 1, t.s.d.Classify(err)
+}
+
+func (t idempotencyTx) RecordResponse(ctx context.Context, scope, key string, r store.IdempotencyRecord) error {
+	_, err := t.tx.Exec(ctx, t.s.q.RecordResponse, scope, key, r.Status, string(r.Headers), r.Body)
+	return t.s.d.Classify(err)
+}
+
+// sessionDB is the pool or a held connection.
+type sessionDB interface {
+	dbexec.Querier
+	Begin(ctx context.Context, opts dbexec.TxOptions) (dbexec.Tx, error)
+}
+
+type session struct {
+	s  *Store
+	db sessionDB
+}
+
+func (se session) Seen(ctx context.Context, consumer, messageID string) (bool, error) {
+	var seen bool
+	err := se.db.QueryRow(ctx, se.s.q.Seen, consumer, messageID).Scan(&seen)
+	return seen, se.s.d.Classify(err)
+}
+
+func (se session) BeginInbox(ctx context.Context) (store.InboxTx, error) {
+	tx, err := se.db.Begin(ctx, dbexec.TxOptions{})
+	if err != nil {
+		return nil, se.s.d.Classify(err)
+	}
+	return inboxTx{userTx{s: se.s, tx: tx}}, nil
+}
+
+func (se session) CountDuplicate(ctx context.Context, consumer, messageID string) error {
+	_, err := se.db.Exec(ctx, se.s.q.CountDuplicate, consumer, messageID)
+	return se.s.d.Classify(err)
+}
+
+func (se session) Processed(ctx context.Context, consumer, messageID string, now time.Time) (bool, error) {
+	tx, err := se.db.Begin(ctx, dbexec.TxOptions{})
+	if err != nil {
+		return false, se.s.d.Classify(err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	n, err := tx.Exec(ctx, se.s.q.InsertInbox, consumer, messageID, se.s.d.Time(now))
+	if err != nil {
+		return false, se.s.d.Classify(err)
+	}
+	return n == 0, nil
+}
+
+func (se session) Quarantine(ctx context.Context, q store.Quarantine) error {
+	payload := q.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	_, err := se.db.Exec(ctx, se.s.q.Quarantine, q.Consumer, q.Topic, q.MessageID, payload, string(q.Metadata), q.Reason,
+		q.Deliveries, se.s.d.Time(q.Now))
+	if err != nil {
+		return fmt.Errorf("quarantine message %s: %w", q.MessageID, se.s.d.Classify(err))
+	}
+	return nil
+}
+
+type lockedSession struct {
+	session
+	conn   dbexec.Conn
+	unlock func(context.Context) bool
+}
+
+func (ls *lockedSession) RecordFailure(ctx context.Context, consumer, messageID, errText string) error {
+	_, err := ls.db.Exec(ctx, ls.s.q.DeliveryFailed, consumer, messageID, errText)
+	return ls.s.d.Classify(err)
+}
+
+func (ls *lockedSession) Unlock(ctx context.Context) {
+	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	released := ls.unlock(uctx)
+	ls.conn.Release(!released)
+}
+
+type inboxTx struct{ userTx }
+
+func (t inboxTx) InsertInbox(ctx context.Context, consumer, messageID string, now time.Time) (bool, error) {
+	n, err := t.tx.Exec(ctx, t.s.q.InsertInbox, consumer, messageID, t.s.d.Time(now))
+	return n == 1, t.s.d.Classify(err)
+}
+
+func (t inboxTx) LockVersion(ctx context.Context, consumer, key string) (int64, bool, error) {
+	var v int64
+	found, err := dbexec.FirstOf(ctx, t.tx, t.s.q.LockVersion, []any{consumer, key}, &v)
+	return v, found, t.s.d.Classify(err)
+}
+
+func (t inboxTx) StoreVersion(ctx context.Context, consumer, key string, version int64, now time.Time) error {
+	_, err := t.tx.Exec(ctx, t.s.q.StoreVersion, consumer, key, version, t.s.d.Time(now))
+	return t.s.d.Classify(err)
+}

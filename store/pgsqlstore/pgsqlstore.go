@@ -1,0 +1,62 @@
+// Package pgsqlstore is outboxkit's store on Postgres through database/sql — lib/pq, or pgx's
+// stdlib driver — for teams whose code holds a *sql.Tx (sqlx, GORM, plain database/sql): the
+// publisher, the forwarder, the inbox and the typed handlers all work with *sql.Tx, and no pgx
+// type appears in the team's code.
+//
+// It shares its SQL, migrations, claim and locks with store/pgxstore. Relays are woken by NOTIFY
+// when Config.ListenURL names the database (Open sets it); otherwise they poll.
+package pgsqlstore
+
+import (
+	"context"
+	"database/sql"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/outboxkit/outboxkit/store"
+	"github.com/outboxkit/outboxkit/store/internal/dbexec"
+	"github.com/outboxkit/outboxkit/store/internal/pg"
+	"github.com/outboxkit/outboxkit/store/internal/sqlstore"
+)
+
+// Config configures a Store. The zero value is ready to use.
+type Config struct {
+	// Schema is the Postgres schema holding outboxkit's tables. Default "outboxkit".
+	Schema string
+	// DisableNotify stops writers from waking relays with pg_notify. Default false.
+	DisableNotify bool
+	// ListenURL is a postgres:// URL for the relay's LISTEN connection, made with pgx beside the
+	// database/sql pool (database/sql has no notifications). Default "": relays poll.
+	ListenURL string
+	// ListenRetry is the wait before the LISTEN connection is opened again. Default 2s.
+	ListenRetry time.Duration
+}
+
+// Store is a store.Driver[*sql.Tx].
+type Store struct {
+	*sqlstore.Store
+	db *sql.DB
+}
+
+var _ store.Driver[*sql.Tx] = (*Store)(nil)
+
+// New returns the store of the database db reaches. It does not touch the database.
+func New(db *sql.DB, cfg Config) (*Store, error) {
+	pcfg := pg.Config{Schema: cfg.Schema, Driver: "database/sql", DisableNotify: cfg.DisableNotify, ListenRetry: cfg.ListenRetry}
+	if cfg.ListenURL != "" {
+		url := cfg.ListenURL
+		pcfg.ListenConnect = func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, url) }
+	}
+	d, err := pg.New(pcfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{Store: sqlstore.New(dbexec.Std(db), d), db: db}, nil
+}
+
+// UnwrapTx is the store's view of the application's transaction.
+func (s *Store) UnwrapTx(tx *sql.Tx) store.Tx { return s.Store.UnwrapTx(dbexec.StdTx(tx)) }
+
+// DB is the pool the store uses.
+func (s *Store) DB() *sql.DB { return s.db }

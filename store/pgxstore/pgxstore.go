@@ -1,0 +1,78 @@
+// Package pgxstore is outboxkit's store on Postgres through pgx v5: a pgxpool.Pool for outboxkit's
+// own work, and the application's pgx.Tx for writing events with its business change.
+//
+// Rows are claimed in one statement with FOR UPDATE SKIP LOCKED and held by the pass's
+// transaction; a message's deliveries are serialized by a session advisory lock; writers wake
+// relays with pg_notify in the same INSERT as the row, delivered at commit, and a relay listens on
+// a connection of its own (Config.PollOnly turns that off for PgBouncer in transaction mode).
+package pgxstore
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outboxkit/store"
+	"github.com/outboxkit/outboxkit/store/internal/dbexec"
+	"github.com/outboxkit/outboxkit/store/internal/pg"
+	"github.com/outboxkit/outboxkit/store/internal/sqlstore"
+)
+
+// Config configures a Store. The zero value is ready to use.
+type Config struct {
+	// Schema is the Postgres schema holding outboxkit's tables. Default "outboxkit".
+	Schema string
+	// DisableNotify stops writers from waking relays with pg_notify; relays find new rows at
+	// their next poll. Postgres serialises the commits of notifying transactions: set it where
+	// many concurrent writers matter more than a relay's latency. Default false.
+	DisableNotify bool
+	// PollOnly opens no LISTEN connection (PgBouncer in transaction mode does not carry
+	// notifications): relays poll. Default false.
+	PollOnly bool
+	// ListenRetry is the wait before the LISTEN connection is opened again after it failed.
+	// Default 2s.
+	ListenRetry time.Duration
+}
+
+// Store is a store.Driver[pgx.Tx].
+type Store struct {
+	*sqlstore.Store
+	pool *pgxpool.Pool
+}
+
+var _ store.Driver[pgx.Tx] = (*Store)(nil)
+
+// New returns the store of the database pool reaches. It does not touch the database.
+func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	pcfg := pg.Config{Schema: cfg.Schema, Driver: "pgx", NativeArrays: true, DisableNotify: cfg.DisableNotify,
+		ListenRetry: cfg.ListenRetry}
+	if !cfg.PollOnly {
+		pcfg.ListenConnect = func(ctx context.Context) (*pgx.Conn, error) {
+			c := pool.Config().ConnConfig.Copy()
+			if c.RuntimeParams == nil {
+				c.RuntimeParams = map[string]string{}
+			}
+			// Named after the pool's connections so operators can tell whose it is.
+			name := strings.TrimPrefix(c.RuntimeParams["application_name"]+"-listen", "-")
+			if name == "listen" {
+				name = "outboxkit-listen"
+			}
+			c.RuntimeParams["application_name"] = name
+			return pgx.ConnectConfig(ctx, c)
+		}
+	}
+	d, err := pg.New(pcfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{Store: sqlstore.New(dbexec.Pgx(pool), d), pool: pool}, nil
+}
+
+// UnwrapTx is the store's view of the application's transaction.
+func (s *Store) UnwrapTx(tx pgx.Tx) store.Tx { return s.Store.UnwrapTx(dbexec.PgxTx(tx)) }
+
+// Pool is the pool the store uses.
+func (s *Store) Pool() *pgxpool.Pool { return s.pool }

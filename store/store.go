@@ -1,0 +1,346 @@
+// Package store is the seam between outboxkit and the database. Everything outboxkit keeps — the
+// outbox, the inbox and its delivery counts, the dead letters on both sides, the idempotency keys,
+// the schema's migrations — goes through the interfaces here; each driver (store/pgxstore,
+// store/pgsqlstore, store/mysqlstore, store/sqlitestore) owns its SQL files, its numbered
+// migrations, its claim, its per-message lock and its wake-up. No package above the seam names a
+// database driver or speaks a SQL dialect.
+//
+// A Driver is generic over the transaction type of the team's database library, as River's
+// Client[TTx] is: pgx.Tx for pgxstore, *sql.Tx for the database/sql drivers. The team writes its
+// business change and its events in its own transaction; outboxkit hands a consumer's handler the
+// inbox's transaction in the same type.
+//
+// Drivers are proven by one conformance suite, store/storetest.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Driver is a Store that also understands the application's transactions of type TTx.
+type Driver[TTx any] interface {
+	Store
+
+	// UnwrapTx returns the store's view of tx, a transaction the application began on the same
+	// database: outbox rows written through it commit or roll back with the application's change.
+	UnwrapTx(tx TTx) Tx
+}
+
+// Store is everything outboxkit asks of a database. Its methods are safe for concurrent use.
+// Errors that mean the database could not be reached are marked outboxkit.Transport.
+type Store interface {
+	// Info describes the store: its name, its namespace, how writers wake relays.
+	Info() Info
+
+	// Migrate creates or upgrades outboxkit's tables. It is idempotent and safe to run from
+	// several processes at once, and refuses a database migrated by a newer build.
+	Migrate(ctx context.Context) (MigrateResult, error)
+
+	// Claim takes the next outbox rows to publish, for one relay pass (see Claim).
+	Claim(ctx context.Context, p ClaimParams) (Claim, error)
+	// Waker returns how writers wake relays, or nil when they do not (relays poll).
+	Waker() Waker
+	// OutboxStats reads the outbox's backlog.
+	OutboxStats(ctx context.Context, now time.Time) (OutboxStats, error)
+	// OutboxDeadLetters lists dead-lettered outbox rows matching f, oldest first.
+	OutboxDeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error)
+	// ReplayOutbox puts the dead-lettered rows matching f back in line with a fresh attempt budget
+	// and returns them. An empty filter without All selects nothing.
+	ReplayOutbox(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error)
+	// PrunePublished deletes at most limit rows published before cutoff and returns how many.
+	PrunePublished(ctx context.Context, cutoff time.Time, limit int) (int, error)
+
+	// Session returns the consumer operations, each on a pooled connection of its own.
+	Session() Session
+	// LockMessage serializes the deliveries of one message to one consumer: it waits for a lock
+	// on (consumer, messageID) held for the delivery — released by the database if the process
+	// dies — counts the delivery (Count) and returns the session that holds the lock.
+	LockMessage(ctx context.Context, consumer, messageID string, c Count) (LockedSession, int, error)
+	// RecordFirstFailure counts a first delivery that was not counted when it began (the broker
+	// vouched it was the first) and failed with errText.
+	RecordFirstFailure(ctx context.Context, consumer, messageID string, now time.Time, errText string) error
+	// ConsumerStats reads, per consumer, what the inbox tables hold.
+	ConsumerStats(ctx context.Context, now time.Time) ([]ConsumerStats, error)
+	// InboxDeadLetters lists consumers' quarantined messages matching f, oldest first.
+	InboxDeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error)
+	// ResetDeliveries forgets a message's delivery count, before it is replayed.
+	ResetDeliveries(ctx context.Context, consumer, messageID string) error
+	// MarkReplayed records that a consumer's dead letter was sent again.
+	MarkReplayed(ctx context.Context, id int64, now time.Time) error
+	// PruneInbox deletes at most limit inbox rows of consumer ("" = all) processed before cutoff.
+	PruneInbox(ctx context.Context, consumer string, cutoff time.Time, limit int) (int, error)
+	// PruneDeliveries deletes at most limit delivery counts last seen before cutoff.
+	PruneDeliveries(ctx context.Context, consumer string, cutoff time.Time, limit int) (int, error)
+
+	// BeginIdempotency begins the transaction of an HTTP request made with an Idempotency-Key.
+	BeginIdempotency(ctx context.Context) (IdempotencyTx, error)
+	// IdempotencyRecord reads the recorded response of a key.
+	IdempotencyRecord(ctx context.Context, scope, key string) (IdempotencyRecord, error)
+}
+
+// Info describes a store.
+type Info struct {
+	// Name says which driver and database: "postgres (pgx)", "mysql", "sqlite".
+	Name string
+	// Namespace holds outboxkit's tables: a Postgres schema, a MySQL database, a SQLite file.
+	Namespace string
+}
+
+// Tx is a transaction as outboxkit uses it: the application's, or one outboxkit began.
+type Tx interface {
+	// InsertOutbox writes messages into the outbox in this transaction, in order: they become
+	// visible to relays when, and only if, it commits. It never commits.
+	InsertOutbox(ctx context.Context, msgs []OutboxMessage) error
+	// User is the transaction as the application's database library sees it (pgx.Tx, *sql.Tx).
+	User() any
+}
+
+// OutboxMessage is a message to write into the outbox.
+type OutboxMessage struct {
+	UUID         string
+	Topic        string
+	PartitionKey string // "" for none
+	Payload      []byte
+	Metadata     []byte // a JSON object of strings
+}
+
+// ClaimParams are the parameters of one relay pass's claim.
+type ClaimParams struct {
+	Now   time.Time
+	Limit int
+	// ParkKeyOnDeadLetter keeps a key's later rows back while an earlier row is dead-lettered.
+	ParkKeyOnDeadLetter bool
+	// Hold is how long the claim may be held before the store gives its rows to another relay:
+	// a pass that stalls longer loses them (they may then be published twice, never lost).
+	Hold time.Duration
+	// Owner names the relay, for stores that lease rows.
+	Owner string
+}
+
+// Claim is one relay pass's hold on outbox rows: rows returned are kept from every other relay
+// until Finish or Abandon. Rows come in seq order; a row is never returned while an earlier row
+// of its partition key is pending outside the claim (held by another relay, backing off, or, with
+// ParkKeyOnDeadLetter, dead-lettered).
+type Claim interface {
+	Rows() []OutboxRow
+	// Finish records what the pass did and releases every claimed row.
+	Finish(ctx context.Context, o Outcome) error
+	// Abandon releases the claim without recording anything, as a crash would. Safe after Finish.
+	Abandon(ctx context.Context)
+}
+
+// OutboxRow is a claimed outbox row.
+type OutboxRow struct {
+	Seq          int64
+	UUID         string
+	Topic        string
+	PartitionKey string // "" for none
+	Payload      []byte
+	Metadata     []byte // as stored
+	CreatedAt    time.Time
+	Attempts     int
+}
+
+// Outcome is what a relay pass did with its claimed rows. Rows in neither list are released
+// untouched.
+type Outcome struct {
+	Now time.Time
+	// Published rows are marked published, or deleted with DeleteOnPublish.
+	Published       []int64
+	DeleteOnPublish bool
+	// Failed rows count an attempt each.
+	Failed []FailedRow
+}
+
+// FailedRow is a row whose publish failed because of the message.
+type FailedRow struct {
+	Seq   int64
+	Error string
+	// NextAttemptAt is when to try again; zero when the row is dead-lettered.
+	NextAttemptAt time.Time
+	DeadLettered  bool
+}
+
+// Waker wakes relays when writers commit rows.
+type Waker interface {
+	// Listen calls wake whenever rows may have been committed, and listening once it listens (and
+	// again after every reconnection, since wake-ups sent meanwhile are lost). It returns when ctx
+	// ends. Failures are reported to logErr and retried.
+	Listen(ctx context.Context, wake, listening func(), logErr func(error))
+}
+
+// OutboxStats describes the outbox's backlog.
+type OutboxStats struct {
+	Pending            int           // rows waiting to be published (including rows backing off)
+	OldestPendingAge   time.Duration // age of the oldest pending row; 0 when none
+	DeadLettered       int           // rows parked after MaxAttempts, waiting for an operator
+	OldestDeadLettered time.Duration // time since the oldest dead letter was parked; 0 when none
+}
+
+// DeadLetter is a message parked on either side: an outbox row dead-lettered after its publishes
+// failed, or a message a consumer quarantined.
+type DeadLetter struct {
+	// ID is the outbox row's seq, or the consumer dead letter's id.
+	ID int64
+	// Consumer that quarantined it; "" for an outbox row.
+	Consumer     string
+	Topic        string
+	MessageID    string
+	PartitionKey string
+	Payload      []byte
+	Metadata     map[string]string // nil when the stored metadata is not a JSON object of strings
+	// Reason is the last error.
+	Reason string
+	// Attempts: failed publishes of an outbox row, deliveries of a consumer's message.
+	Attempts       int
+	CreatedAt      time.Time // outbox rows: when written
+	DeadLetteredAt time.Time
+	ReplayedAt     time.Time // consumers' dead letters: zero until replayed
+}
+
+// DeadLetterFilter selects dead letters. Set fields narrow the selection (they combine with AND).
+type DeadLetterFilter struct {
+	IDs           []int64
+	MessageIDs    []string
+	Consumer      string // consumers' dead letters only
+	Topic         string
+	PartitionKey  string // outbox rows only
+	ReasonContains string
+	From, Until   time.Time // dead-lettered at or after From, before Until
+	// Limit bounds a listing. Default 100; negative: no bound. Replays are not limited.
+	Limit int
+	// IncludeReplayed also selects consumers' dead letters already replayed.
+	IncludeReplayed bool
+	// All must be set to replay with an otherwise empty filter, so that a forgotten flag never
+	// replays everything.
+	All bool
+}
+
+// Empty reports whether f names nothing to select by.
+func (f DeadLetterFilter) Empty() bool {
+	return len(f.IDs) == 0 && len(f.MessageIDs) == 0 && f.Consumer == "" && f.Topic == "" && f.PartitionKey == "" &&
+		f.ReasonContains == "" && f.From.IsZero() && f.Until.IsZero()
+}
+
+// ErrEmptyFilter is returned by a replay with an empty filter and All unset.
+var ErrEmptyFilter = errors.New("the filter is empty: name ids, message ids, a consumer, a topic, a key, " +
+	"an error text or a time range, or set All")
+
+// Count says how LockMessage counts the delivery.
+type Count struct {
+	Now time.Time
+	// First is the count of a message seen here for the first time: 1, or 2 on a redelivery
+	// whose first delivery was not counted.
+	First int
+	// Again is set for a delivery counted already (tried again in-process): it is read, not
+	// counted a second time.
+	Again bool
+}
+
+// Session is what the consumer middleware does on the database.
+type Session interface {
+	// Seen reports whether the consumer has processed the message (its inbox row exists).
+	Seen(ctx context.Context, consumer, messageID string) (bool, error)
+	// BeginInbox begins a transaction for a delivery's effect.
+	BeginInbox(ctx context.Context) (InboxTx, error)
+	// CountDuplicate counts a delivery absorbed by the inbox.
+	CountDuplicate(ctx context.Context, consumer, messageID string) error
+	// Processed reports exactly whether the consumer has processed the message: it waits for a
+	// delivery of it in progress elsewhere to end.
+	Processed(ctx context.Context, consumer, messageID string, now time.Time) (bool, error)
+	// Quarantine stores a consumer's dead letter. A message quarantined again after a replay
+	// updates its row.
+	Quarantine(ctx context.Context, q Quarantine) error
+}
+
+// LockedSession is a Session holding a message's lock (see Store.LockMessage).
+type LockedSession interface {
+	Session
+	// RecordFailure records the error of the delivery in progress.
+	RecordFailure(ctx context.Context, consumer, messageID, errText string) error
+	// Unlock releases the lock and the session. A session that cannot say whether it released the
+	// lock is closed, which releases it.
+	Unlock(ctx context.Context)
+}
+
+// Quarantine is a message a consumer dead-letters.
+type Quarantine struct {
+	Consumer, Topic, MessageID string
+	Payload                    []byte
+	Metadata                   []byte // JSON object
+	Reason                     string
+	Deliveries                 int
+	Now                        time.Time
+}
+
+// InboxTx is the transaction of a delivery's effect.
+type InboxTx interface {
+	Tx
+	// InsertInbox inserts the message's inbox row first; false when it exists (a duplicate): a
+	// concurrent delivery of the same message waits for this transaction and then finds it.
+	InsertInbox(ctx context.Context, consumer, messageID string, now time.Time) (inserted bool, err error)
+	// LockVersion returns the last version applied for a key, locked for the rest of the
+	// transaction; found is false for a key never seen.
+	LockVersion(ctx context.Context, consumer, key string) (version int64, found bool, err error)
+	// StoreVersion records the version applied for a key.
+	StoreVersion(ctx context.Context, consumer, key string, version int64, now time.Time) error
+	Commit(ctx context.Context) error
+	// Rollback is safe after Commit.
+	Rollback(ctx context.Context) error
+}
+
+// ConsumerStats is what the inbox tables say about one consumer.
+type ConsumerStats struct {
+	Consumer    string `json:"consumer"`
+	Processed   int64  `json:"processed"`    // messages processed, within the inbox retention
+	Duplicates  int64  `json:"duplicates"`   // deliveries absorbed by the inbox after the first
+	DeadLetters int64  `json:"dead_letters"` // quarantined messages waiting for a replay
+}
+
+// IdempotencyTx is the transaction of a request made with an Idempotency-Key.
+type IdempotencyTx interface {
+	Tx
+	// ClaimKey records the key for the request; false when it is recorded already (a retry),
+	// after waiting for a request with the same key in progress to end.
+	ClaimKey(ctx context.Context, scope, key string, requestHash []byte, now time.Time) (bool, error)
+	// RecordResponse stores the response to send again for the key.
+	RecordResponse(ctx context.Context, scope, key string, r IdempotencyRecord) error
+	Commit(ctx context.Context) error
+	// Rollback is safe after Commit.
+	Rollback(ctx context.Context) error
+}
+
+// IdempotencyRecord is a recorded response.
+type IdempotencyRecord struct {
+	RequestHash []byte
+	Status      int
+	Headers     []byte // JSON
+	Body        []byte
+}
+
+// MigrateResult says what Migrate did.
+type MigrateResult struct {
+	// Applied lists the versions this call applied, in order; empty when the schema was current.
+	Applied []int
+	// Version is the schema version after the call.
+	Version int
+}
+
+// ErrNewerSchema is returned (wrapped) by Migrate for a database migrated by a newer build.
+var ErrNewerSchema = errors.New("the database was migrated by a newer outboxkit: upgrade outboxkit before running it against this database")
+
+// ErrDuplicateUUID is returned (wrapped) by InsertOutbox when a message's UUID is already in the
+// outbox (or repeated within the call).
+var ErrDuplicateUUID = errors.New("a message with this UUID is already in the outbox; every message needs its own UUID")
+
+// ErrTxDone is returned (wrapped) for a transaction that was already committed or rolled back.
+var ErrTxDone = errors.New("the transaction is already committed or rolled back; publish inside the open transaction " +
+	"that writes the business change")
+
+// ErrTxAborted is returned (wrapped) by InsertOutbox in a transaction an earlier error aborted.
+var ErrTxAborted = errors.New("the transaction was aborted by an earlier error; roll it back")
+
+// ErrNotMigrated is returned (wrapped) when outboxkit's tables do not exist.
+var ErrNotMigrated = errors.New("outboxkit's tables do not exist: run Migrate (or `outboxctl migrate`) first")
