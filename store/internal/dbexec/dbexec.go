@@ -48,6 +48,9 @@ type Tx interface {
 type TxOptions struct {
 	// Serializable asks for the serializable isolation level; otherwise the database's default.
 	Serializable bool
+	// ReadCommitted asks for read committed (MySQL's default is repeatable read, whose gap locks
+	// on a locking read would block inserts behind it).
+	ReadCommitted bool
 }
 
 // Rows are a query's result rows.

@@ -50,8 +50,11 @@ func (r pgxRow) Scan(dest ...any) error {
 }
 
 func pgxOptions(o TxOptions) pgx.TxOptions {
-	if o.Serializable {
+	switch {
+	case o.Serializable:
 		return pgx.TxOptions{IsoLevel: pgx.Serializable}
+	case o.ReadCommitted:
+		return pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 	}
 	return pgx.TxOptions{}
 }

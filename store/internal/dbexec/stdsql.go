@@ -31,8 +31,11 @@ func (s stdQ) QueryRow(ctx context.Context, query string, args ...any) Row {
 }
 
 func stdOptions(o TxOptions) *sql.TxOptions {
-	if o.Serializable {
+	switch {
+	case o.Serializable:
 		return &sql.TxOptions{Isolation: sql.LevelSerializable}
+	case o.ReadCommitted:
+		return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	}
 	return nil
 }

@@ -49,7 +49,7 @@ type Dialect struct {
 	cfg    Config
 	schema Name
 	q      sqlstore.Queries
-	claim  string
+	claim, markFailed string
 	lockCount, lockRead, unlock string
 }
 
@@ -75,7 +75,6 @@ func New(cfg Config) (*Dialect, error) {
 		PrunePublished:        read("prune_published.sql"),
 		MarkPublished:         read("mark_published.sql"),
 		DeletePublished:       read("delete_published.sql"),
-		MarkFailed:            read("mark_failed.sql"),
 		Seen:                  read("seen.sql"),
 		InsertInbox:           read("insert_inbox.sql"),
 		CountDuplicate:        read("count_duplicate.sql"),
@@ -95,7 +94,7 @@ func New(cfg Config) (*Dialect, error) {
 		RecordResponse:        read("record_response.sql"),
 		LookupKey:             read("lookup_key.sql"),
 	}
-	d.claim = read("claim.sql")
+	d.claim, d.markFailed = read("claim.sql"), read("mark_failed.sql")
 	d.lockCount, d.lockRead, d.unlock = read("lock_count_delivery.sql"), read("lock_delivery_count.sql"), read("unlock_message.sql")
 	return d, nil
 }
@@ -153,7 +152,9 @@ type failedJSON struct {
 	DeadLetteredAt *time.Time `json:"dead_lettered_at"`
 }
 
-func (d *Dialect) FailedRows(rows []store.FailedRow, now time.Time) ([]any, error) {
+// FailedJSON is the JSON array MarkFailed statements read: {seq, last_error, next_attempt_at,
+// dead_lettered_at}, with RFC 3339 times or null.
+func FailedJSON(rows []store.FailedRow, now time.Time) (string, error) {
 	out := make([]failedJSON, len(rows))
 	for i, r := range rows {
 		out[i] = failedJSON{Seq: r.Seq, LastError: r.Error}
@@ -165,10 +166,16 @@ func (d *Dialect) FailedRows(rows []store.FailedRow, now time.Time) ([]any, erro
 		}
 	}
 	b, err := json.Marshal(out)
+	return string(b), err
+}
+
+func (d *Dialect) MarkFailed(ctx context.Context, q dbexec.Querier, rows []store.FailedRow, now time.Time, extra []any) error {
+	rowsJSON, err := FailedJSON(rows, now)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return []any{string(b)}, nil
+	_, err = q.Exec(ctx, d.markFailed, append([]any{rowsJSON}, extra...)...)
+	return err
 }
 
 // maxMessagesPerInsert keeps one INSERT under Postgres's 65,535 bind parameters (five per row).

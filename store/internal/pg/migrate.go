@@ -4,52 +4,20 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"io/fs"
-	"path"
-	"sort"
-	"strconv"
-	"strings"
 
 	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/internal/dbexec"
+	"github.com/outboxkit/outboxkit/store/internal/sqlstore"
 )
 
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
 
 // Migration is one numbered step of the schema.
-type Migration struct {
-	Version int
-	Name    string
-	SQL     string // with {{schema}} placeholders
-}
+type Migration = sqlstore.Migration
 
 // Migrations returns every known migration in version order.
-func Migrations() []Migration {
-	entries, err := fs.ReadDir(migrationFiles, "migrations")
-	if err != nil {
-		panic(fmt.Sprintf("read embedded migrations: %v", err))
-	}
-	var out []Migration
-	for _, e := range entries {
-		base := strings.TrimSuffix(e.Name(), ".sql")
-		num, name, ok := strings.Cut(base, "_")
-		if !ok {
-			panic(fmt.Sprintf("migration file %q is not named NNNN_name.sql", e.Name()))
-		}
-		v, err := strconv.Atoi(num)
-		if err != nil {
-			panic(fmt.Sprintf("migration file %q is not named NNNN_name.sql", e.Name()))
-		}
-		body, err := migrationFiles.ReadFile(path.Join("migrations", e.Name()))
-		if err != nil {
-			panic(fmt.Sprintf("read migration %q: %v", e.Name(), err))
-		}
-		out = append(out, Migration{Version: v, Name: name, SQL: string(body)})
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
-	return out
-}
+func Migrations() []Migration { return sqlstore.ParseMigrations(migrationFiles, "migrations") }
 
 // Migrate brings the schema to the newest version. It is idempotent and safe to run from several
 // processes at once: every step runs in its own transaction that first takes a transaction-level

@@ -65,11 +65,7 @@ func Mark(ctx context.Context, q dbexec.Querier, d Dialect, o store.Outcome, ext
 	if len(o.Failed) == 0 {
 		return nil
 	}
-	args, err := d.FailedRows(o.Failed, o.Now)
-	if err != nil {
-		return err
-	}
-	if _, err := q.Exec(ctx, qs.MarkFailed, append(args, extra...)...); err != nil {
+	if err := d.MarkFailed(ctx, q, o.Failed, o.Now, extra); err != nil {
 		return fmt.Errorf("record failed outbox publishes: %w", d.Classify(err))
 	}
 	return nil

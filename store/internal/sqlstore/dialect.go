@@ -25,9 +25,10 @@ type Dialect interface {
 	Time(t time.Time) any
 	// NullTime is Time, or NULL for the zero time.
 	NullTime(t time.Time) any
-	// FailedRows are the parameters of Queries.MarkFailed; dead-lettered rows are dead-lettered
-	// at now.
-	FailedRows(rows []store.FailedRow, now time.Time) ([]any, error)
+	// MarkFailed records message-specific failures: attempts+1, the error, the next attempt or,
+	// for a row dead-lettered, now; extra follows each statement's own parameters (a lease's
+	// owner).
+	MarkFailed(ctx context.Context, q dbexec.Querier, rows []store.FailedRow, now time.Time, extra []any) error
 
 	// InsertOutbox writes msgs in one statement where it can.
 	InsertOutbox(ctx context.Context, q dbexec.Querier, msgs []store.OutboxMessage) error
@@ -60,8 +61,8 @@ type Queries struct {
 	ReplayOutbox string
 	// PrunePublished(cutoff, limit).
 	PrunePublished string
-	// MarkPublished(now, seqs); DeletePublished(seqs); MarkFailed(failed rows).
-	MarkPublished, DeletePublished, MarkFailed string
+	// MarkPublished(now, seqs); DeletePublished(seqs).
+	MarkPublished, DeletePublished string
 
 	// Seen(consumer, id) → bool.
 	Seen string

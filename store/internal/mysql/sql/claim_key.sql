@@ -1,0 +1,5 @@
+-- Record an Idempotency-Key for a request; a retry racing the first request waits here until the
+-- first commits or rolls back. ?1 key, ?2 scope, ?3 request hash, ?4 now.
+INSERT INTO {{schema}}.idempotency_keys (`key`, scope, request_hash, status, headers, body, created_at)
+VALUES (?1, ?2, ?3, 0, '{}', '', ?4)
+ON DUPLICATE KEY UPDATE scope = scope

@@ -1,0 +1,4 @@
+-- ?1 consumer, ?2 partition key, ?3 version, ?4 now.
+INSERT INTO {{schema}}.inbox_versions (consumer, partition_key, version, updated_at)
+VALUES (?1, ?2, ?3, ?4)
+ON DUPLICATE KEY UPDATE version = VALUES(version), updated_at = VALUES(updated_at)

@@ -1,0 +1,7 @@
+-- Count one delivery. ?4 is the count of a message seen here for the first time.
+-- ?1 consumer, ?2 message id, ?3 now, ?4 first count.
+INSERT INTO {{schema}}.inbox_deliveries (consumer, message_id, deliveries, first_seen_at, last_seen_at)
+VALUES (?1, ?2, ?4, ?3, ?3)
+ON CONFLICT (consumer, message_id)
+DO UPDATE SET deliveries = deliveries + 1, last_seen_at = excluded.last_seen_at
+RETURNING deliveries

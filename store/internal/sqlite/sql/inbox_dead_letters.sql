@@ -1,0 +1,15 @@
+-- Consumers' dead letters, oldest first: those waiting for a replay, or all with ?8.
+-- ?1 ids, ?2 message ids, ?3 consumer, ?4 topic, ?5 reason contains, ?6 from, ?7 until,
+-- ?8 include replayed, ?9 limit.
+SELECT id, consumer, topic, message_id, payload, metadata, reason, deliveries, dead_lettered_at, replayed_at
+FROM {{schema}}.dead_letters
+WHERE (replayed_at IS NULL OR ?8)
+  AND (#1 = 0 OR id IN (?1))
+  AND (#2 = 0 OR message_id IN (?2))
+  AND (?3 = '' OR consumer = ?3)
+  AND (?4 = '' OR topic = ?4)
+  AND (?5 = '' OR instr(reason, ?5) > 0)
+  AND (?6 IS NULL OR dead_lettered_at >= ?6)
+  AND (?7 IS NULL OR dead_lettered_at < ?7)
+ORDER BY dead_lettered_at, id
+LIMIT ?9

@@ -1,0 +1,58 @@
+// Package mysqlstore is outboxkit's store on MySQL 8 and MariaDB ≥ 10.6, through database/sql and
+// go-sql-driver/mysql; the application's transactions are *sql.Tx.
+//
+// Rows are claimed with FOR UPDATE SKIP LOCKED in a read-committed transaction the pass holds; a
+// message's deliveries are serialized by GET_LOCK on the delivery's connection; MySQL has no
+// NOTIFY, so relays poll the pending rows' index (every 100ms unless told otherwise). outboxkit's
+// tables live in a database of their own ("outboxkit" by default) on the same server, which the
+// application's transactions reach like any other.
+//
+// The connection must not set clientFoundRows (the inbox reads "0 rows affected" as a duplicate);
+// Open builds a suitable DSN from a mysql:// URL.
+package mysqlstore
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/outboxkit/outboxkit/store"
+	"github.com/outboxkit/outboxkit/store/internal/dbexec"
+	"github.com/outboxkit/outboxkit/store/internal/mysql"
+	"github.com/outboxkit/outboxkit/store/internal/sqlstore"
+)
+
+// Config configures a Store. The zero value is ready to use.
+type Config struct {
+	// Database holds outboxkit's tables (Migrate creates it). Default "outboxkit".
+	Database string
+}
+
+// Store is a store.Driver[*sql.Tx].
+type Store struct {
+	*sqlstore.Store
+	db      *sql.DB
+	dialect *mysql.Dialect
+}
+
+var _ store.Driver[*sql.Tx] = (*Store)(nil)
+
+// New returns the store of the server db reaches. It does not touch the database.
+func New(db *sql.DB, cfg Config) (*Store, error) {
+	d, err := mysql.New(cfg.Database)
+	if err != nil {
+		return nil, err
+	}
+	return &Store{Store: sqlstore.New(dbexec.WithNumbered(dbexec.Std(db)), d), db: db, dialect: d}, nil
+}
+
+// UnwrapTx is the store's view of the application's transaction.
+func (s *Store) UnwrapTx(tx *sql.Tx) store.Tx {
+	return s.Store.UnwrapTx(dbexec.WithNumberedTx(dbexec.StdTx(tx)))
+}
+
+// DB is the pool the store uses.
+func (s *Store) DB() *sql.DB { return s.db }
+
+// CheckVersion refuses a server without FOR UPDATE SKIP LOCKED (MySQL before 8.0.1, MariaDB
+// before 10.6) with the version it needs. Migrate checks it too.
+func (s *Store) CheckVersion(ctx context.Context) error { return s.dialect.CheckVersion(ctx, dbexec.Std(s.db)) }

@@ -1,0 +1,822 @@
+package storetest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	wmiddleware "github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/handlers"
+	"github.com/outboxkit/outboxkit/middleware"
+	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store"
+)
+
+func consumerTests[TTx any]() []test[TTx] {
+	return []test[TTx]{
+		{"InboxFailedEffectLeavesNothingAndTheRetrySucceeds", inboxFailedEffect[TTx]},
+		{"InboxFiftyConcurrentDeliveries", inboxFiftyConcurrent[TTx]},
+		{"InboxTwoConsumersEachProcessOnce", inboxTwoConsumers[TTx]},
+		{"InboxOlderThanRetentionIsQuarantinedAsPossibleDuplicate", inboxOlderThanRetention[TTx]},
+		{"InboxHandlerOutputGoesIntoTheOutbox", inboxHandlerOutput[TTx]},
+		{"PruneInboxRemovesOnlyRowsOlderThanTheCutoff", pruneInbox[TTx]},
+		{"StatsCountProcessedDuplicatesAndDeadLetters", consumerStats[TTx]},
+		{"DeliveryCountBrokerVouchedFirstDelivery", deliveryCountVouched[TTx]},
+		{"DeadLetterUndecodablePayloadIsQuarantinedAtOnce", deadLetterUndecodable[TTx]},
+		{"DeadLetterTransientFailureIsQuarantinedAfterMaxDeliveries", deadLetterTransient[TTx]},
+		{"DeadLetterPoisonTopicThroughWatermillsPoisonQueue", deadLetterPoisonTopic[TTx]},
+		{"ReplayProcessedOnceThenDuplicate", replayOnceThenDuplicate[TTx]},
+		{"OrderGuard", orderGuard[TTx]},
+		{"OutageNeitherCountsNorQuarantines", outageNeitherCounts[TTx]},
+	}
+}
+
+// consumerEnv is a migrated store with an effects table and a metrics registry.
+type consumerEnv[TTx any] struct {
+	*Env[TTx]
+	reg *prometheus.Registry
+	now func() time.Time
+}
+
+func newConsumerEnv[TTx any](t *testing.T, h Harness[TTx]) *consumerEnv[TTx] {
+	t.Helper()
+	e := &consumerEnv[TTx]{Env: migrated(t, h), reg: prometheus.NewRegistry(), now: time.Now}
+	e.MustExec(t, `CREATE TABLE {{schema}}.effects (consumer VARCHAR(100) NOT NULL, message_id VARCHAR(255) NOT NULL, note VARCHAR(255))`)
+	return e
+}
+
+// order is the event the test handlers consume.
+type order struct {
+	ID string `json:"id"`
+}
+
+// effect is a typed handler writing one effects row through the inbox transaction.
+func (e *consumerEnv[TTx]) effect(consumer string) message.NoPublishHandlerFunc {
+	return handlers.JSON(func(ctx context.Context, tx TTx, o order) error {
+		msg, _ := handlers.MessageFrom(ctx)
+		return e.ExecTx(ctx, tx, `INSERT INTO {{schema}}.effects (consumer, message_id, note) VALUES (?, ?, ?)`, consumer, msg.UUID, o.ID)
+	})
+}
+
+// stack wraps h in the recommended stack for consumer, with fast retries.
+func (e *consumerEnv[TTx]) stack(t *testing.T, consumer string, h message.NoPublishHandlerFunc, tune ...func(*middleware.StackConfig)) message.HandlerFunc {
+	t.Helper()
+	cfg := middleware.StackConfig{
+		Store: e.Store, Consumer: consumer, Registerer: e.reg, Now: e.now,
+		RetryBackoff: outboxkit.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond, Multiplier: 2},
+	}
+	for _, fn := range tune {
+		fn(&cfg)
+	}
+	ms, err := middleware.Stack(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handler message.HandlerFunc = func(msg *message.Message) ([]*message.Message, error) { return nil, h(msg) }
+	for i := len(ms) - 1; i >= 0; i-- {
+		handler = ms[i](handler)
+	}
+	return handler
+}
+
+// delivery is a fresh copy of msg, as a broker hands over each (re)delivery.
+func delivery(msg *message.Message) *message.Message {
+	c := message.NewMessage(msg.UUID, msg.Payload)
+	for k, v := range msg.Metadata {
+		c.Metadata.Set(k, v)
+	}
+	return c
+}
+
+// brokerDelivery is a fresh copy of msg carrying what a broker says of the delivery, as
+// outboxkit's RabbitMQ and NATS subscribers set it.
+func brokerDelivery(msg *message.Message, redelivered bool) *message.Message {
+	c := delivery(msg)
+	c.SetContext(outboxkit.WithRedelivered(context.Background(), redelivered))
+	return c
+}
+
+var msgSeq atomic.Int64
+
+func orderMsg(id string) *message.Message {
+	return message.NewMessage(fmt.Sprintf("msg-%s-%d-%d", id, time.Now().UnixNano(), msgSeq.Add(1)), []byte(fmt.Sprintf(`{"id":%q}`, id)))
+}
+
+func (e *consumerEnv[TTx]) count(t *testing.T, table, consumer, uuid string) int {
+	t.Helper()
+	return e.MustInt(t, `SELECT count(*) FROM {{schema}}.`+table+` WHERE consumer = ? AND message_id = ?`, consumer, uuid)
+}
+
+func (e *consumerEnv[TTx]) deliveries(t *testing.T, consumer, uuid string) int {
+	t.Helper()
+	return e.MustInt(t, `SELECT coalesce(max(deliveries), 0) FROM {{schema}}.inbox_deliveries WHERE consumer = ? AND message_id = ?`, consumer, uuid)
+}
+
+// outcome reads outboxkit_consumer_messages_total for consumer and outcome.
+func (e *consumerEnv[TTx]) outcome(t *testing.T, consumer, outcome string) int {
+	t.Helper()
+	families, err := e.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range families {
+		if mf.GetName() != "outboxkit_consumer_messages_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["consumer"] == consumer && labels["outcome"] == outcome {
+				return int(m.GetCounter().GetValue())
+			}
+		}
+	}
+	return 0
+}
+
+func (e *consumerEnv[TTx]) deadLetters(t *testing.T, f store.DeadLetterFilter) []store.DeadLetter {
+	t.Helper()
+	letters, err := e.Store.InboxDeadLetters(context.Background(), f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return letters
+}
+
+// assertGoodMessagesFlow processes n good messages through the same stack, each exactly once.
+func (e *consumerEnv[TTx]) assertGoodMessagesFlow(t *testing.T, stack message.HandlerFunc, n int) {
+	t.Helper()
+	before := e.MustInt(t, `SELECT count(*) FROM {{schema}}.effects`)
+	for i := 0; i < n; i++ {
+		if _, err := stack(delivery(orderMsg("good"))); err != nil {
+			t.Fatalf("good message %d failed: %v", i, err)
+		}
+	}
+	if got := e.MustInt(t, `SELECT count(*) FROM {{schema}}.effects`) - before; got != n {
+		t.Fatalf("%d of %d good messages processed", got, n)
+	}
+}
+
+// redeliverUntilAcked plays the broker: the message is delivered again for as long as the stack
+// returns an error, at most max times. It returns how many deliveries it took.
+func redeliverUntilAcked(t *testing.T, stack message.HandlerFunc, msg *message.Message, max int) int {
+	t.Helper()
+	for n := 1; n <= max; n++ {
+		if _, err := stack(delivery(msg)); err == nil {
+			return n
+		}
+	}
+	t.Fatalf("message %s still nacked after %d deliveries", msg.UUID, max)
+	return 0
+}
+
+var errTransient = errors.New("downstream service unavailable")
+
+// fastPaths runs a dedup test with the inbox's fast-path read on and off: the read must only be
+// an optimisation.
+var fastPaths = []struct {
+	name    string
+	disable bool
+}{{"fast path on", false}, {"fast path off", true}}
+
+// The effect's second write fails once: after the failure there is no effect and no inbox row; the
+// retry succeeds; in the end there is exactly one of each.
+func inboxFailedEffect[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	for _, fp := range fastPaths {
+		t.Run(fp.name, func(t *testing.T) {
+			t.Parallel()
+			e := newConsumerEnv(t, h)
+			msg := orderMsg("o-1")
+			var attempts atomic.Int32
+			var afterFailure [2]int
+			hf := handlers.JSON(func(ctx context.Context, tx TTx, o order) error {
+				n := attempts.Add(1)
+				if n == 2 { // look from outside the transaction at what the failed attempt left
+					afterFailure[0] = e.count(t, "effects", "shipping", msg.UUID)
+					afterFailure[1] = e.count(t, "inbox", "shipping", msg.UUID)
+				}
+				if err := e.ExecTx(ctx, tx, `INSERT INTO {{schema}}.effects (consumer, message_id, note) VALUES ('shipping', ?, ?)`, msg.UUID, o.ID); err != nil {
+					return err
+				}
+				if n == 1 {
+					return e.ExecTx(ctx, tx, `INSERT INTO {{schema}}.no_such_table (x) VALUES (1)`) // the effect's second write fails
+				}
+				return nil
+			})
+			stack := e.stack(t, "shipping", hf, func(c *middleware.StackConfig) { c.DisableFastPath = fp.disable })
+			if _, err := stack(delivery(msg)); err != nil {
+				t.Fatalf("delivery failed: %v (the in-process retry should have succeeded)", err)
+			}
+			if attempts.Load() != 2 {
+				t.Fatalf("handler ran %d times, want 2 (one failure, one retry)", attempts.Load())
+			}
+			if afterFailure != [2]int{0, 0} {
+				t.Fatalf("after the failed attempt: %d effects and %d inbox rows, want none", afterFailure[0], afterFailure[1])
+			}
+			if got := [2]int{e.count(t, "effects", "shipping", msg.UUID), e.count(t, "inbox", "shipping", msg.UUID)}; got != [2]int{1, 1} {
+				t.Fatalf("in the end: %d effects and %d inbox rows, want one of each", got[0], got[1])
+			}
+		})
+	}
+}
+
+// One message delivered 50 times at once — redeliveries, serialized by the message lock, and
+// first deliveries the broker vouches for, which take no lock and meet on the inbox row: one
+// effect, one inbox row, 49 duplicates.
+//
+// The first delivery holds its transaction until every delivery has begun. It holds a session per
+// delivery, so the cases run one after the other and take no more sessions than the database can
+// spare beside other tests (at least 20).
+func inboxFiftyConcurrent[TTx any](t *testing.T, h Harness[TTx]) {
+	n := h.sessions(t, 50)
+	if n < 20 {
+		t.Fatalf("only %d sessions to spare; the test needs 20", n)
+	}
+	for _, path := range []string{"redeliveries (locked)", "vouched first deliveries (no lock)"} {
+		for _, fp := range fastPaths {
+			t.Run(path+", "+fp.name, func(t *testing.T) {
+				e := newConsumerEnv(t, h)
+				msg := orderMsg("o-1")
+				var runs, entered atomic.Int32
+				hf := func(m *message.Message) error {
+					if runs.Add(1) == 1 && !waitFor(20*time.Second, func() bool { return entered.Load() == int32(n) }) {
+						return errors.New("the other deliveries never began")
+					}
+					return e.effect("shipping")(m)
+				}
+				stack := e.stack(t, "shipping", hf, func(c *middleware.StackConfig) { c.DisableFastPath = fp.disable; c.MaxRetries = -1 })
+				var wg sync.WaitGroup
+				errs := make(chan error, n)
+				for i := 0; i < n; i++ {
+					wg.Add(1)
+					go func() {
+						defer wg.Done()
+						d := delivery(msg)
+						if path != "redeliveries (locked)" {
+							d = brokerDelivery(msg, false)
+						}
+						entered.Add(1)
+						if _, err := stack(d); err != nil {
+							errs <- err
+						}
+					}()
+				}
+				wg.Wait()
+				close(errs)
+				for err := range errs {
+					t.Fatalf("a delivery failed: %v", err)
+				}
+				if runs.Load() != 1 {
+					t.Fatalf("handler ran %d times, want once", runs.Load())
+				}
+				if got := [2]int{e.count(t, "effects", "shipping", msg.UUID), e.count(t, "inbox", "shipping", msg.UUID)}; got != [2]int{1, 1} {
+					t.Fatalf("%d effects and %d inbox rows, want one of each", got[0], got[1])
+				}
+				if d := e.outcome(t, "shipping", "duplicate"); d != n-1 {
+					t.Fatalf("%d duplicates counted, want %d", d, n-1)
+				}
+			})
+		}
+	}
+}
+
+// Two consumers of the same message each process it once, each with its own inbox row.
+func inboxTwoConsumers[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	for _, fp := range fastPaths {
+		t.Run(fp.name, func(t *testing.T) {
+			t.Parallel()
+			e := newConsumerEnv(t, h)
+			msg := orderMsg("o-1")
+			tune := func(c *middleware.StackConfig) { c.DisableFastPath = fp.disable }
+			shipping := e.stack(t, "shipping", e.effect("shipping"), tune)
+			billing := e.stack(t, "billing", e.effect("billing"), tune)
+			for i := 0; i < 3; i++ { // each consumer gets the message three times
+				for _, s := range []message.HandlerFunc{shipping, billing} {
+					if _, err := s(delivery(msg)); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for _, c := range []string{"shipping", "billing"} {
+				if got := [2]int{e.count(t, "effects", c, msg.UUID), e.count(t, "inbox", c, msg.UUID)}; got != [2]int{1, 1} {
+					t.Fatalf("%s: %d effects and %d inbox rows, want one of each", c, got[0], got[1])
+				}
+				if d := e.outcome(t, c, "duplicate"); d != 2 {
+					t.Fatalf("%s: %d duplicates, want 2", c, d)
+				}
+			}
+		})
+	}
+}
+
+// A message written longer ago than the inbox retention, with no inbox row, may be a redelivery
+// whose row was pruned: it is quarantined, not processed as new.
+func inboxOlderThanRetention[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	msg := orderMsg("o-1")
+	msg.Metadata.Set(outboxkit.MetadataCreatedAt, time.Now().Add(-8*24*time.Hour).Format(time.RFC3339Nano))
+	stack := e.stack(t, "shipping", e.effect("shipping"))
+	if _, err := stack(delivery(msg)); err != nil {
+		t.Fatalf("quarantine should acknowledge: %v", err)
+	}
+	if e.count(t, "effects", "shipping", msg.UUID) != 0 || e.count(t, "inbox", "shipping", msg.UUID) != 0 {
+		t.Fatal("an old message without an inbox row was processed as new")
+	}
+	letters := e.deadLetters(t, store.DeadLetterFilter{All: true})
+	if len(letters) != 1 || !strings.Contains(letters[0].Reason, "possible duplicate") {
+		t.Fatalf("dead letters = %+v; want one possible duplicate", letters)
+	}
+	fresh := orderMsg("o-2")
+	fresh.Metadata.Set(outboxkit.MetadataCreatedAt, time.Now().Add(-time.Hour).Format(time.RFC3339Nano))
+	if _, err := stack(delivery(fresh)); err != nil || e.count(t, "effects", "shipping", fresh.UUID) != 1 {
+		t.Fatalf("a message within the retention was not processed: %v", err)
+	}
+}
+
+// What a handler returns goes into the outbox, in the inbox's transaction, to the handler's
+// publish topic; the router itself publishes nothing. A handler that fails after returning
+// messages leaves no outbox row; outside a router that knows a publish topic, returned messages
+// are refused with what to do.
+func inboxHandlerOutput[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	bus := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	defer bus.Close()
+	direct, err := bus.Subscribe(context.Background(), "invoices")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stack, err := middleware.Stack(middleware.StackConfig{Store: e.Store, Consumer: "billing", MaxRetries: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	handled := make(chan string, 10)
+	hr := router.AddHandler("billing", "orders", bus, "invoices", bus, func(msg *message.Message) ([]*message.Message, error) {
+		defer func() { handled <- msg.UUID }()
+		invoice := pipeline.NewEvent("InvoiceIssued", "inv-"+msg.UUID, []byte(`{}`))
+		if string(msg.Payload) == `"fail after emitting"` {
+			return []*message.Message{invoice}, handlers.Permanent(errors.New("the effect failed"))
+		}
+		return []*message.Message{invoice}, nil
+	})
+	hr.AddMiddleware(stack...)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- router.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-router.Running()
+	ok, bad := message.NewMessage("m-ok", []byte(`{}`)), message.NewMessage("m-bad", []byte(`"fail after emitting"`))
+	for _, m := range []*message.Message{ok, bad} {
+		if err := bus.Publish("orders", m); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-handled:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("message %s was not handled", m.UUID)
+		}
+	}
+	if !waitFor(10*time.Second, func() bool { return e.count(t, "dead_letters", "billing", "m-bad") == 1 }) {
+		t.Fatal("the failing message was not quarantined")
+	}
+	if n := e.MustInt(t, `SELECT count(*) FROM {{schema}}.outbox WHERE topic = 'invoices' AND partition_key = 'inv-m-ok'`); n != 1 {
+		t.Fatalf("%d outbox rows for the returned message, want 1", n)
+	}
+	if n := e.MustInt(t, `SELECT count(*) FROM {{schema}}.outbox`); n != 1 {
+		t.Fatalf("%d outbox rows in all, want 1: a failed handler's output must roll back with its effect", n)
+	}
+	select {
+	case m := <-direct:
+		t.Fatalf("the router published %s itself; it must go through the outbox only", m.UUID)
+	default:
+	}
+
+	// Without a router's publish topic.
+	var plain message.HandlerFunc = func(msg *message.Message) ([]*message.Message, error) {
+		return []*message.Message{pipeline.NewEvent("X", "k", nil)}, nil
+	}
+	for i := len(stack) - 1; i >= 0; i-- {
+		plain = stack[i](plain)
+	}
+	msg := orderMsg("o-1")
+	if _, err := plain(delivery(msg)); err == nil || !strings.Contains(err.Error(), "publish topic") {
+		t.Fatalf("err = %v, want one naming the missing publish topic", err)
+	}
+	if e.count(t, "inbox", "billing", msg.UUID) != 0 {
+		t.Fatal("the refused delivery was committed")
+	}
+}
+
+func pruneInbox[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	var mu sync.Mutex
+	now := time.Now()
+	e.now = func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	stack := e.stack(t, "shipping", e.effect("shipping"))
+	var old, recent []string
+	for i := 0; i < 25; i++ {
+		m := orderMsg("old")
+		old = append(old, m.UUID)
+		if _, err := stack(delivery(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	advance(48 * time.Hour)
+	for i := 0; i < 5; i++ {
+		m := orderMsg("recent")
+		recent = append(recent, m.UUID)
+		if _, err := stack(delivery(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	advance(time.Hour)
+	n, err := middleware.PruneInbox(context.Background(), middleware.PruneConfig{Store: e.Store, BatchSize: 7, Now: e.now}, 24*time.Hour)
+	if err != nil || n != 25 {
+		t.Fatalf("pruned %d rows (%v), want the 25 older than a day", n, err)
+	}
+	for _, id := range recent {
+		if e.count(t, "inbox", "shipping", id) != 1 {
+			t.Fatalf("recent inbox row %s was pruned", id)
+		}
+	}
+	for _, id := range old {
+		if e.count(t, "inbox", "shipping", id) != 0 {
+			t.Fatalf("old inbox row %s survived", id)
+		}
+	}
+}
+
+func consumerStats[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	stack := e.stack(t, "shipping", e.effect("shipping"))
+	a, b := orderMsg("a"), orderMsg("b")
+	for _, m := range []*message.Message{a, a, a, b, message.NewMessage("bad", []byte("not json"))} {
+		if _, err := stack(delivery(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stats, err := middleware.Stats(context.Background(), e.Store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := store.ConsumerStats{Consumer: "shipping", Processed: 2, Duplicates: 2, DeadLetters: 1}
+	if len(stats) != 1 || stats[0] != want {
+		t.Fatalf("stats = %+v, want %+v", stats, want)
+	}
+}
+
+func deliveryCountVouched[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	var seen []int // Deliveries(ctx) as each handler call saw it
+	fail := map[string]bool{}
+	hf := func(m *message.Message) error {
+		seen = append(seen, middleware.Deliveries(m.Context()))
+		if fail[m.UUID] {
+			return errTransient
+		}
+		return e.effect("shipping")(m)
+	}
+	stack := e.stack(t, "shipping", hf, func(c *middleware.StackConfig) { c.MaxDeliveries = 3; c.MaxRetries = -1 })
+
+	msg := orderMsg("ok") // a first delivery that succeeds writes no count
+	if _, err := stack(brokerDelivery(msg, false)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.deliveries(t, "shipping", msg.UUID); n != 0 || len(seen) != 1 || seen[0] != 1 {
+		t.Fatalf("count row %d, handler saw %v; want no row and one delivery seen as 1", n, seen)
+	}
+	if e.count(t, "inbox", "shipping", msg.UUID) != 1 || e.count(t, "effects", "shipping", msg.UUID) != 1 {
+		t.Fatal("want one inbox row and one effect")
+	}
+
+	msg = orderMsg("flaky") // a failed first delivery is counted with its error, the redelivery counts on
+	fail[msg.UUID] = true
+	seen = nil
+	if _, err := stack(brokerDelivery(msg, false)); err == nil {
+		t.Fatal("want the handler's error")
+	}
+	if n := e.deliveries(t, "shipping", msg.UUID); n != 1 ||
+		e.MustInt(t, `SELECT count(*) FROM {{schema}}.inbox_deliveries WHERE message_id = ? AND last_error LIKE ?`, msg.UUID, "%"+errTransient.Error()+"%") != 1 {
+		t.Fatalf("after a failed first delivery: count %d, or the error is not recorded", n)
+	}
+	delete(fail, msg.UUID)
+	if _, err := stack(brokerDelivery(msg, true)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.deliveries(t, "shipping", msg.UUID); n != 2 || len(seen) != 2 || seen[1] != 2 {
+		t.Fatalf("after the redelivery: count %d, handler saw %v; want 2 and [1 2]", n, seen)
+	}
+
+	msg = orderMsg("killer") // a first delivery that killed the process counts when the broker redelivers
+	fail[msg.UUID] = true
+	seen = nil
+	if _, err := stack(brokerDelivery(msg, true)); err == nil {
+		t.Fatal("want the handler's error: nacked for another delivery")
+	}
+	if _, err := stack(brokerDelivery(msg, true)); err != nil {
+		t.Fatalf("third delivery: %v, want it quarantined and acked", err)
+	}
+	if len(seen) != 2 || seen[0] != 2 || seen[1] != 3 {
+		t.Fatalf("redeliveries seen as %v, want [2 3]", seen)
+	}
+	if letters := e.deadLetters(t, store.DeadLetterFilter{MessageIDs: []string{msg.UUID}}); len(letters) != 1 || letters[0].Attempts != 3 {
+		t.Fatalf("dead letters %+v: want the message quarantined on its third delivery", letters)
+	}
+
+	msg = orderMsg("unknown") // without the broker's word every delivery is counted
+	if _, err := stack(delivery(msg)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.deliveries(t, "shipping", msg.UUID); n != 1 {
+		t.Fatalf("count %d, want 1", n)
+	}
+
+	all := e.stack(t, "billing", e.effect("billing"), func(c *middleware.StackConfig) { c.CountFirstDeliveries = true })
+	msg = orderMsg("counted")
+	if _, err := all(brokerDelivery(msg, false)); err != nil {
+		t.Fatal(err)
+	}
+	if n := e.deliveries(t, "billing", msg.UUID); n != 1 {
+		t.Fatalf("CountFirstDeliveries: count %d, want 1", n)
+	}
+}
+
+func deadLetterUndecodable[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	var handled atomic.Int32
+	hf := func(m *message.Message) error { handled.Add(1); return e.effect("shipping")(m) }
+	stack := e.stack(t, "shipping", hf, func(c *middleware.StackConfig) { c.MaxDeliveries = 3 })
+	poison := message.NewMessage("poison-1", []byte("not json"))
+	if n := redeliverUntilAcked(t, stack, poison, 10); n != 1 {
+		t.Fatalf("the poison took %d deliveries; a permanent error must be quarantined on the first", n)
+	}
+	if handled.Load() != 1 {
+		t.Fatalf("the handler ran %d times; a permanent error must not be retried", handled.Load())
+	}
+	letters := e.deadLetters(t, store.DeadLetterFilter{Consumer: "shipping"})
+	if len(letters) != 1 || letters[0].MessageID != "poison-1" || string(letters[0].Payload) != "not json" ||
+		!strings.Contains(letters[0].Reason, "decode") || letters[0].Attempts != 1 {
+		t.Fatalf("dead letters = %+v; want the poison as received, with the decode error", letters)
+	}
+	e.assertGoodMessagesFlow(t, stack, 100)
+}
+
+func deadLetterTransient[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	var attempts atomic.Int32
+	failing := "always-failing"
+	hf := func(m *message.Message) error {
+		if m.UUID == failing {
+			attempts.Add(1)
+			return errTransient
+		}
+		return e.effect("shipping")(m)
+	}
+	stack := e.stack(t, "shipping", hf, func(c *middleware.StackConfig) { c.MaxDeliveries = 3; c.MaxRetries = 2 })
+	msg := message.NewMessage(failing, []byte(`{"id":"o-1"}`))
+	if n := redeliverUntilAcked(t, stack, msg, 10); n != 3 {
+		t.Fatalf("quarantined after %d deliveries, want exactly MaxDeliveries = 3", n)
+	}
+	if attempts.Load() != 9 {
+		t.Fatalf("handler ran %d times, want 3 deliveries × (1 + 2 retries) = 9", attempts.Load())
+	}
+	letters := e.deadLetters(t, store.DeadLetterFilter{MessageIDs: []string{failing}})
+	if len(letters) != 1 || letters[0].Attempts != 3 || !strings.Contains(letters[0].Reason, errTransient.Error()) {
+		t.Fatalf("dead letters = %+v", letters)
+	}
+	e.assertGoodMessagesFlow(t, stack, 100)
+}
+
+// With a poison topic, a quarantined message also goes there through Watermill's PoisonQueue, as
+// received and with its metadata; the table keeps it for replay as well. A message that is merely
+// retried never reaches the poison topic.
+func deadLetterPoisonTopic[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	bus := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	defer bus.Close()
+	poisoned, err := bus.Subscribe(context.Background(), "poison")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var failOnce atomic.Bool
+	failOnce.Store(true)
+	hf := func(m *message.Message) error {
+		if m.UUID == "flaky" && failOnce.CompareAndSwap(true, false) {
+			return errTransient
+		}
+		return e.effect("shipping")(m)
+	}
+	stack := e.stack(t, "shipping", hf, func(c *middleware.StackConfig) {
+		c.PoisonPublisher, c.PoisonTopic, c.MaxRetries = bus, "poison", -1
+	})
+	redeliverUntilAcked(t, stack, message.NewMessage("flaky", []byte(`{"id":"f"}`)), 3)
+	poison := message.NewMessage("poison-1", []byte("not json"))
+	poison.Metadata.Set("origin", "test")
+	if n := redeliverUntilAcked(t, stack, poison, 3); n != 1 {
+		t.Fatalf("the poison took %d deliveries", n)
+	}
+	select {
+	case m := <-poisoned:
+		if m.UUID != "poison-1" || string(m.Payload) != "not json" || m.Metadata.Get("origin") != "test" ||
+			!strings.Contains(m.Metadata.Get(wmiddleware.ReasonForPoisonedKey), "decode") {
+			t.Fatalf("poison topic got %s %q %v", m.UUID, m.Payload, m.Metadata)
+		}
+		m.Ack()
+	case <-time.After(10 * time.Second):
+		t.Fatal("nothing reached the poison topic")
+	}
+	select {
+	case m := <-poisoned:
+		t.Fatalf("%s reached the poison topic too; only quarantined messages belong there", m.UUID)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if letters := e.deadLetters(t, store.DeadLetterFilter{Consumer: "shipping"}); len(letters) != 1 || letters[0].MessageID != "poison-1" {
+		t.Fatalf("dead letters = %+v; the table keeps the quarantined message too", letters)
+	}
+}
+
+// A dead letter replayed after the cause is fixed is processed once; replayed again, it is a
+// duplicate. Runs through a Watermill router over an in-memory broker.
+func replayOnceThenDuplicate[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	bus := gochannel.NewGoChannel(gochannel.Config{Persistent: true}, watermill.NopLogger{})
+	defer bus.Close()
+	var broken atomic.Bool
+	broken.Store(true)
+	hf := func(m *message.Message) error {
+		if broken.Load() {
+			return errors.New("customer record missing")
+		}
+		return e.effect("shipping")(m)
+	}
+	stack := e.stack(t, "shipping", hf, func(c *middleware.StackConfig) { c.MaxDeliveries = 2; c.MaxRetries = -1 })
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	router.AddConsumerHandler("shipping", "orders", bus, func(m *message.Message) error {
+		_, err := stack(m)
+		return err
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- router.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-router.Running()
+
+	msg := orderMsg("o-1")
+	if err := bus.Publish("orders", msg); err != nil {
+		t.Fatal(err)
+	}
+	if !waitFor(10*time.Second, func() bool { return len(e.deadLetters(t, store.DeadLetterFilter{Consumer: "shipping"})) == 1 }) {
+		t.Fatal("the message was not dead-lettered")
+	}
+	letter := e.deadLetters(t, store.DeadLetterFilter{Consumer: "shipping"})[0]
+	if letter.Topic != "orders" || letter.Attempts != 2 {
+		t.Fatalf("dead letter = %+v; want topic orders after 2 deliveries", letter)
+	}
+	broken.Store(false) // the cause is fixed
+	replay := middleware.ReplayConfig{Store: e.Store, Publisher: bus}
+	if _, err := middleware.ReplayDeadLetters(ctx, replay, store.DeadLetterFilter{}); !errors.Is(err, store.ErrEmptyFilter) {
+		t.Fatalf("an empty filter replayed (%v); it must demand a selection or All", err)
+	}
+	replayed, err := middleware.ReplayDeadLetters(ctx, replay, store.DeadLetterFilter{IDs: []int64{letter.ID}})
+	if err != nil || len(replayed) != 1 {
+		t.Fatalf("replay = %v, %v", replayed, err)
+	}
+	if !waitFor(10*time.Second, func() bool { return e.count(t, "effects", "shipping", msg.UUID) == 1 }) {
+		t.Fatal("the replayed message was not processed")
+	}
+	if left := e.deadLetters(t, store.DeadLetterFilter{Consumer: "shipping"}); len(left) != 0 {
+		t.Fatalf("%d dead letters still waiting after the replay", len(left))
+	}
+	// Replayed again (an operator's second try): absorbed by the inbox.
+	again, err := middleware.ReplayDeadLetters(ctx, replay, store.DeadLetterFilter{IDs: []int64{letter.ID}, IncludeReplayed: true})
+	if err != nil || len(again) != 1 {
+		t.Fatalf("second replay = %v, %v", again, err)
+	}
+	if !waitFor(10*time.Second, func() bool { return e.outcome(t, "shipping", "duplicate") == 1 }) {
+		t.Fatal("the second replay was not counted as a duplicate")
+	}
+	if n := e.count(t, "effects", "shipping", msg.UUID); n != 1 {
+		t.Fatalf("%d effects after two replays, want 1", n)
+	}
+}
+
+func versioned(key string, version int64) *message.Message {
+	m := orderMsg(key)
+	outboxkit.SetPartitionKey(m, key)
+	outboxkit.SetVersion(m, version)
+	return m
+}
+
+func orderGuard[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	stack := e.stack(t, "search", e.effect("search"), func(c *middleware.StackConfig) {
+		c.OrderGuard = &middleware.OrderGuardConfig{}
+		c.MaxDeliveries = 3
+		c.MaxRetries = 2
+	})
+	v1, v2, v3 := versioned("order-1", 1), versioned("order-1", 2), versioned("order-1", 3)
+	// v2 arrives before v1: parked (nacked), not applied.
+	if _, err := stack(delivery(v2)); err == nil || !strings.Contains(err.Error(), "ahead of its turn") {
+		t.Fatalf("v2 before v1: got %v, want it parked", err)
+	}
+	if e.count(t, "effects", "search", v2.UUID) != 0 {
+		t.Fatal("v2 was applied before v1")
+	}
+	// v1, then v2 on redelivery: both applied, in order.
+	for _, m := range []*message.Message{v1, v2} {
+		if _, err := stack(delivery(m)); err != nil {
+			t.Fatalf("in-order delivery failed: %v", err)
+		}
+	}
+	if e.count(t, "effects", "search", v1.UUID) != 1 || e.count(t, "effects", "search", v2.UUID) != 1 {
+		t.Fatal("v1 and v2 not both applied")
+	}
+	if v := e.MustInt(t, `SELECT version FROM {{schema}}.inbox_versions WHERE consumer = 'search' AND partition_key = 'order-1'`); v != 2 {
+		t.Fatalf("stored version %d, want 2", v)
+	}
+	// A stale event (a different message carrying an old version) is acknowledged and skipped.
+	stale := versioned("order-1", 1)
+	if _, err := stack(delivery(stale)); err != nil || e.count(t, "effects", "search", stale.UUID) != 0 {
+		t.Fatalf("stale version: err %v; want acknowledged and skipped", err)
+	}
+	// v5 with v4 never coming: parked on each delivery, then quarantined with the versions.
+	v5 := versioned("order-1", 5)
+	if n := redeliverUntilAcked(t, stack, v5, 10); n != 3 {
+		t.Fatalf("v5 quarantined after %d deliveries, want MaxDeliveries = 3", n)
+	}
+	letters := e.deadLetters(t, store.DeadLetterFilter{MessageIDs: []string{v5.UUID}})
+	if len(letters) != 1 || !strings.Contains(letters[0].Reason, "version 5") || !strings.Contains(letters[0].Reason, "version 3 not applied") {
+		t.Fatalf("dead letters = %+v; want the reason to name the versions", letters)
+	}
+	// v3 still goes through: the guard did not advance past the gap.
+	if _, err := stack(delivery(v3)); err != nil || e.count(t, "effects", "search", v3.UUID) != 1 {
+		t.Fatalf("v3: %v", err)
+	}
+	// Messages without a version are not guarded.
+	if _, err := stack(delivery(orderMsg("plain"))); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// In the full stack, a delivery held through an outage of a dependency is counted once and never
+// quarantined, not even with MaxDeliveries 1.
+func outageNeitherCounts[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	var tries atomic.Int32
+	hf := func(m *message.Message) error {
+		if tries.Add(1) <= 5 {
+			return outboxkit.Transport(errors.New("payment gateway: connection refused"))
+		}
+		return e.effect("billing")(m)
+	}
+	stack := e.stack(t, "billing", hf, func(c *middleware.StackConfig) {
+		c.MaxDeliveries = 1
+		c.CircuitBackoff = outboxkit.Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond, Multiplier: 2}
+	})
+	msg := orderMsg("o-1")
+	if _, err := stack(delivery(msg)); err != nil {
+		t.Fatalf("delivery failed: %v", err)
+	}
+	if tries.Load() != 6 || e.count(t, "effects", "billing", msg.UUID) != 1 {
+		t.Fatalf("%d tries, %d effects; want the sixth try to apply the effect once", tries.Load(), e.count(t, "effects", "billing", msg.UUID))
+	}
+	if n := e.count(t, "dead_letters", "billing", msg.UUID); n != 0 {
+		t.Fatal("a message was quarantined for an unreachable dependency")
+	}
+	if n := e.deliveries(t, "billing", msg.UUID); n != 1 {
+		t.Fatalf("the held delivery was counted %d times, want 1", n)
+	}
+}

@@ -1,0 +1,156 @@
+// Package stores opens outboxkit's store for a database URL, the way package backends opens a
+// broker: postgres://, mysql:// or sqlite://. Every store it opens works with *sql.Tx, so code
+// that takes the URL from configuration — a service, outboxctl, the demo — runs on any of them
+// unchanged. Teams on pgx build store/pgxstore from their pool instead.
+package stores
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+
+	"github.com/outboxkit/outboxkit/store"
+	"github.com/outboxkit/outboxkit/store/mysqlstore"
+	"github.com/outboxkit/outboxkit/store/pgsqlstore"
+	"github.com/outboxkit/outboxkit/store/sqlitestore"
+)
+
+// Schemes lists the database URL forms Open understands.
+const Schemes = "postgres://user:pass@host:5432/db (Postgres), mysql://user:pass@host:3306/db (MySQL 8, MariaDB 10.6+), " +
+	"sqlite://path/to/file.db or sqlite:///absolute/path.db (SQLite)"
+
+// DB is a store opened by URL, with the database/sql handle the application uses for its own
+// tables (in the same transactions as its events).
+type DB struct {
+	store.Driver[*sql.Tx]
+	// SQL is the database handle; Close closes it.
+	SQL *sql.DB
+	// Dialect is "postgres", "mysql" or "sqlite": the SQL the application's own statements speak.
+	Dialect string
+}
+
+// Close closes the database handle.
+func (d *DB) Close() error { return d.SQL.Close() }
+
+// Options tune the store.
+type Options struct {
+	// Namespace holds outboxkit's tables: the Postgres schema or the MySQL database. Default
+	// "outboxkit". SQLite keeps them in its file.
+	Namespace string
+	// DisableNotify stops Postgres writers from waking relays with pg_notify (they poll).
+	DisableNotify bool
+	// PollOnly opens no LISTEN connection on Postgres (PgBouncer in transaction mode).
+	PollOnly bool
+}
+
+// Open connects to the database a URL names and returns its store. It checks that the database
+// answers (and, for MySQL, that it is recent enough) and says what to do when it does not; it does
+// not migrate (pipeline.Migrate does).
+func Open(ctx context.Context, rawURL string, opts Options) (*DB, error) {
+	scheme, _, ok := strings.Cut(rawURL, "://")
+	if !ok || scheme == "" {
+		return nil, fmt.Errorf("database URL %q has no scheme: use one of %s", redact(rawURL), Schemes)
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	switch strings.ToLower(scheme) {
+	case "postgres", "postgresql":
+		db, err := sql.Open("pgx", rawURL)
+		if err != nil {
+			return nil, fmt.Errorf("database URL %s: %w", redact(rawURL), err)
+		}
+		cfg := pgsqlstore.Config{Schema: opts.Namespace, DisableNotify: opts.DisableNotify}
+		if !opts.PollOnly {
+			cfg.ListenURL = rawURL
+		}
+		return finish(pctx, db, "postgres", rawURL, func() (store.Driver[*sql.Tx], error) { return pgsqlstore.New(db, cfg) })
+	case "mysql":
+		dsn, err := mysqlDSN(rawURL)
+		if err != nil {
+			return nil, err
+		}
+		db, err := sql.Open("mysql", dsn)
+		if err != nil {
+			return nil, fmt.Errorf("database URL %s: %w", redact(rawURL), err)
+		}
+		return finish(pctx, db, "mysql", rawURL, func() (store.Driver[*sql.Tx], error) {
+			s, err := mysqlstore.New(db, mysqlstore.Config{Database: opts.Namespace})
+			if err == nil {
+				err = s.CheckVersion(pctx)
+			}
+			return s, err
+		})
+	case "sqlite":
+		path := strings.TrimPrefix(rawURL[len(scheme):], "://")
+		if path == "" {
+			return nil, fmt.Errorf("database URL %q names no file: use sqlite://path/to/file.db or sqlite:///absolute/path.db", rawURL)
+		}
+		s, err := sqlitestore.Open(pctx, path)
+		if err != nil {
+			return nil, err
+		}
+		return &DB{Driver: s, SQL: s.DB(), Dialect: "sqlite"}, nil
+	}
+	return nil, fmt.Errorf("database URL scheme %q is not supported: use one of %s", scheme, Schemes)
+}
+
+func finish(ctx context.Context, db *sql.DB, dialect, rawURL string, build func() (store.Driver[*sql.Tx], error)) (*DB, error) {
+	if err := db.PingContext(ctx); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("cannot reach the database at %s: %w (is it running? is the URL right?)", redact(rawURL), err)
+	}
+	s, err := build()
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("database at %s: %w", redact(rawURL), err)
+	}
+	return &DB{Driver: s, SQL: db, Dialect: dialect}, nil
+}
+
+// mysqlDSN turns mysql://user:pass@host:port/db?param=value into go-sql-driver's DSN, with what
+// the store needs: times read as text (the store parses them), no clientFoundRows.
+func mysqlDSN(rawURL string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", fmt.Errorf("database URL %s: %w (want mysql://user:pass@host:3306/db)", redact(rawURL), err)
+	}
+	cfg := gomysql.NewConfig()
+	cfg.Net, cfg.Addr = "tcp", u.Host
+	if u.Port() == "" {
+		cfg.Addr = u.Host + ":3306"
+	}
+	if u.User != nil {
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	cfg.DBName = strings.TrimPrefix(u.Path, "/")
+	if cfg.DBName == "" {
+		return "", fmt.Errorf("database URL %s names no database: use mysql://user:pass@host:3306/db", redact(rawURL))
+	}
+	cfg.Params = map[string]string{}
+	for k, vs := range u.Query() {
+		if k == "clientFoundRows" {
+			return "", errors.New("database URL: clientFoundRows must stay off: the inbox reads \"0 rows affected\" as a duplicate")
+		}
+		cfg.Params[k] = vs[len(vs)-1]
+	}
+	return cfg.FormatDSN(), nil
+}
+
+// redact hides the password of a URL for error messages.
+func redact(raw string) string {
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "***")
+			return strings.Replace(u.String(), "%2A%2A%2A", "***", 1)
+		}
+	}
+	return raw
+}
