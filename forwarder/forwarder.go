@@ -3,7 +3,8 @@
 // duplicate, never a loss.
 //
 // Any number of forwarders may run against one outbox, in one process or on many machines: each
-// pass claims rows with FOR UPDATE SKIP LOCKED and holds the locks until it has marked them. Rows
+// pass claims rows so that no other relay takes them until it has marked them (row locks held with
+// FOR UPDATE SKIP LOCKED on Postgres and MySQL, a lease on SQLite; see package store). Rows
 // of one partition key are published one after another in seq order, and a row is never published
 // while an earlier row of its key is still waiting; different keys are published concurrently.
 //
@@ -27,8 +28,20 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outboxkit/internal/dbtext"
+	"github.com/outboxkit/outboxkit/internal/faults"
 	"github.com/outboxkit/outboxkit/store"
 )
+
+func init() {
+	faults.Inject = func(f any, point faults.Point, fn func() error) {
+		switch point {
+		case faults.BeforePublish:
+			f.(*Forwarder).hooks.beforePublish = fn
+		case faults.AfterPublish:
+			f.(*Forwarder).hooks.afterPublish = fn
+		}
+	}
+}
 
 // Forwarder relays outbox rows to a broker. Its methods are safe for concurrent use.
 type Forwarder struct {
@@ -53,6 +66,9 @@ type Health struct {
 	LastPublish time.Time // last pass that published at least one row (zero: none yet)
 	CircuitOpen bool      // the broker could not be reached lately
 }
+
+// Config is the forwarder's configuration with every default filled in.
+func (f *Forwarder) Config() Config { return f.cfg }
 
 // Health reports when the relay last made a pass and last published. Stats says how old the
 // backlog is; together they tell a stopped relay from an idle one.

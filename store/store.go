@@ -202,13 +202,13 @@ type DeadLetter struct {
 
 // DeadLetterFilter selects dead letters. Set fields narrow the selection (they combine with AND).
 type DeadLetterFilter struct {
-	IDs           []int64
-	MessageIDs    []string
-	Consumer      string // consumers' dead letters only
-	Topic         string
-	PartitionKey  string // outbox rows only
+	IDs            []int64
+	MessageIDs     []string
+	Consumer       string // consumers' dead letters only
+	Topic          string
+	PartitionKey   string // outbox rows only
 	ReasonContains string
-	From, Until   time.Time // dead-lettered at or after From, before Until
+	From, Until    time.Time // dead-lettered at or after From, before Until
 	// Limit bounds a listing. Default 100; negative: no bound. Replays are not limited.
 	Limit int
 	// IncludeReplayed also selects consumers' dead letters already replayed.

@@ -7,13 +7,11 @@ package stores
 import (
 	"context"
 	"database/sql"
-	"errors"
 	"fmt"
 	"net/url"
 	"strings"
 	"time"
 
-	gomysql "github.com/go-sql-driver/mysql"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 
 	"github.com/outboxkit/outboxkit/store"
@@ -72,7 +70,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*DB, error) {
 		}
 		return finish(pctx, db, "postgres", rawURL, func() (store.Driver[*sql.Tx], error) { return pgsqlstore.New(db, cfg) })
 	case "mysql":
-		dsn, err := mysqlDSN(rawURL)
+		dsn, err := mysqlstore.DSN(rawURL)
 		if err != nil {
 			return nil, err
 		}
@@ -112,36 +110,6 @@ func finish(ctx context.Context, db *sql.DB, dialect, rawURL string, build func(
 		return nil, fmt.Errorf("database at %s: %w", redact(rawURL), err)
 	}
 	return &DB{Driver: s, SQL: db, Dialect: dialect}, nil
-}
-
-// mysqlDSN turns mysql://user:pass@host:port/db?param=value into go-sql-driver's DSN, with what
-// the store needs: times read as text (the store parses them), no clientFoundRows.
-func mysqlDSN(rawURL string) (string, error) {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "", fmt.Errorf("database URL %s: %w (want mysql://user:pass@host:3306/db)", redact(rawURL), err)
-	}
-	cfg := gomysql.NewConfig()
-	cfg.Net, cfg.Addr = "tcp", u.Host
-	if u.Port() == "" {
-		cfg.Addr = u.Host + ":3306"
-	}
-	if u.User != nil {
-		cfg.User = u.User.Username()
-		cfg.Passwd, _ = u.User.Password()
-	}
-	cfg.DBName = strings.TrimPrefix(u.Path, "/")
-	if cfg.DBName == "" {
-		return "", fmt.Errorf("database URL %s names no database: use mysql://user:pass@host:3306/db", redact(rawURL))
-	}
-	cfg.Params = map[string]string{}
-	for k, vs := range u.Query() {
-		if k == "clientFoundRows" {
-			return "", errors.New("database URL: clientFoundRows must stay off: the inbox reads \"0 rows affected\" as a duplicate")
-		}
-		cfg.Params[k] = vs[len(vs)-1]
-	}
-	return cfg.FormatDSN(), nil
 }
 
 // redact hides the password of a URL for error messages.

@@ -14,15 +14,25 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/outboxkit/outboxkit/internal/schema"
+	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
+
+// Schema is a Postgres schema name a test owns.
+type Schema string
+
+// Ident is the schema's quoted identifier.
+func (s Schema) Ident() string { return `"` + string(s) + `"` }
+
+// Render replaces {{schema}} in sql with the quoted schema name.
+func (s Schema) Render(sql string) string { return strings.ReplaceAll(sql, "{{schema}}", s.Ident()) }
 
 // PG is a migrated outboxkit schema of its own for one test, on the shared server.
 type PG struct {
 	URL    string
-	Schema schema.Name
+	Schema Schema
 	Pool   *pgxpool.Pool
-	DB     *sql.DB // database/sql over Pool
+	DB     *sql.DB         // database/sql over Pool
+	Store  *pgxstore.Store // outboxkit's store in Schema
 }
 
 // NewPG creates a fresh schema, migrates it and drops it when the test ends, so tests can run in
@@ -30,7 +40,7 @@ type PG struct {
 func NewPG(t testing.TB) *PG {
 	t.Helper()
 	pg := NewEmptyPG(t)
-	if _, err := schema.Migrate(context.Background(), pg.DB, pg.Schema); err != nil {
+	if _, err := pg.Store.Migrate(context.Background()); err != nil {
 		t.Fatalf("migrate %s: %v", pg.Schema, err)
 	}
 	return pg
@@ -46,7 +56,7 @@ func NewEmptyPG(t testing.TB) *PG {
 	if err != nil {
 		t.Fatalf("connect to %s: %v", url, err)
 	}
-	pg := &PG{URL: url, Schema: schema.MustParse(UniqueName(t, "t")), Pool: pool, DB: stdlib.OpenDBFromPool(pool)}
+	pg := newPG(t, url, Schema(UniqueName(t, "t")), pool)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
@@ -67,7 +77,7 @@ func AttachPG(t testing.TB, url, schemaName string) *PG {
 	if err != nil {
 		t.Fatalf("connect to %s: %v", url, err)
 	}
-	pg := &PG{URL: url, Schema: schema.MustParse(schemaName), Pool: pool, DB: stdlib.OpenDBFromPool(pool)}
+	pg := newPG(t, url, Schema(schemaName), pool)
 	t.Cleanup(func() { _ = pg.DB.Close(); pool.Close() })
 	return pg
 }
@@ -146,4 +156,14 @@ func (pg *PG) Sessions(t testing.TB, want, least int) int {
 		t.Fatalf("only %d sessions free on the server (max_connections less those in use and a margin); the test needs %d", free, least)
 	}
 	return min(want, free)
+}
+
+func newPG(t testing.TB, url string, schema Schema, pool *pgxpool.Pool) *PG {
+	t.Helper()
+	st, err := pgxstore.New(pool, pgxstore.Config{Schema: string(schema)})
+	if err != nil {
+		pool.Close()
+		t.Fatalf("store in schema %s: %v", schema, err)
+	}
+	return &PG{URL: url, Schema: schema, Pool: pool, DB: stdlib.OpenDBFromPool(pool), Store: st}
 }

@@ -9,6 +9,8 @@ import (
 
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/outboxkit/outboxkit/store/mysqlstore"
 )
 
 func probe(s *service, url string) error {
@@ -17,6 +19,17 @@ func probe(s *service, url string) error {
 	switch s {
 	case postgresService:
 		db, err := sql.Open("pgx", url)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		return db.PingContext(ctx)
+	case mysqlService:
+		dsn, err := mysqlstore.DSN(url)
+		if err != nil {
+			return err
+		}
+		db, err := sql.Open("mysql", dsn)
 		if err != nil {
 			return err
 		}
@@ -40,3 +53,5 @@ func probe(s *service, url string) error {
 		return conn.Close()
 	}
 }
+
+func mysqlDSN(rawURL string) (string, error) { return mysqlstore.DSN(rawURL) }

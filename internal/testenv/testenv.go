@@ -25,6 +25,7 @@ const (
 	EnvNATS     = "OUTBOXKIT_TEST_NATS_URL"
 	EnvRedis    = "OUTBOXKIT_TEST_REDIS_URL"
 	EnvKafka    = "OUTBOXKIT_TEST_KAFKA_URL"
+	EnvMySQL    = "OUTBOXKIT_TEST_MYSQL_URL"
 )
 
 type service struct {
@@ -61,6 +62,13 @@ var (
 		url:  func(hp string) string { return "amqp://guest:guest@" + hp + "/" },
 	}
 
+	mysqlService = &service{
+		env: EnvMySQL, example: "mysql://root@127.0.0.1:3306/test",
+		repository: "mariadb", tag: "10.11",
+		envVars: []string{"MARIADB_ALLOW_EMPTY_ROOT_PASSWORD=1", "MARIADB_DATABASE=test"},
+		port:    "3306/tcp",
+		url:     func(hp string) string { return "mysql://root@" + hp + "/test" },
+	}
 	natsService = &service{
 		env: EnvNATS, example: "nats://127.0.0.1:4222",
 		repository: "nats", tag: "2", cmd: []string{"-js"}, port: "4222/tcp",
@@ -90,6 +98,9 @@ func KafkaURL(t testing.TB) string { return kafkaService.get(t) }
 
 // PostgresURL returns the URL of a Postgres server for the test.
 func PostgresURL(t testing.TB) string { return postgresService.get(t) }
+
+// MySQLURL returns the mysql:// URL of a MySQL 8 or MariaDB 10.6+ server for the test.
+func MySQLURL(t testing.TB) string { return mysqlService.get(t) }
 
 // AMQPURL returns the URL of a RabbitMQ server for the test.
 func AMQPURL(t testing.TB) string { return amqpService.get(t) }

@@ -14,6 +14,12 @@ package mysqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+
+	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/internal/dbexec"
@@ -55,4 +61,48 @@ func (s *Store) DB() *sql.DB { return s.db }
 
 // CheckVersion refuses a server without FOR UPDATE SKIP LOCKED (MySQL before 8.0.1, MariaDB
 // before 10.6) with the version it needs. Migrate checks it too.
-func (s *Store) CheckVersion(ctx context.Context) error { return s.dialect.CheckVersion(ctx, dbexec.Std(s.db)) }
+func (s *Store) CheckVersion(ctx context.Context) error {
+	return s.dialect.CheckVersion(ctx, dbexec.Std(s.db))
+}
+
+// DSN turns mysql://user:pass@host:port/db?param=value into go-sql-driver's DSN, with what
+// the store needs: no clientFoundRows (the inbox reads "0 rows affected" as a duplicate). Open the
+// database/sql handle with sql.Open("mysql", dsn).
+func DSN(rawURL string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", fmt.Errorf("database URL %s: %w (want mysql://user:pass@host:3306/db)", redactURL(rawURL), err)
+	}
+	cfg := gomysql.NewConfig()
+	cfg.Net, cfg.Addr = "tcp", u.Host
+	if u.Port() == "" {
+		cfg.Addr = u.Host + ":3306"
+	}
+	if u.User != nil {
+		cfg.User = u.User.Username()
+		cfg.Passwd, _ = u.User.Password()
+	}
+	cfg.DBName = strings.TrimPrefix(u.Path, "/")
+	if cfg.DBName == "" {
+		return "", fmt.Errorf("database URL %s names no database: use mysql://user:pass@host:3306/db", redactURL(rawURL))
+	}
+	cfg.Params = map[string]string{}
+	for k, vs := range u.Query() {
+		if k == "clientFoundRows" {
+			return "", errors.New("database URL: clientFoundRows must stay off: the inbox reads \"0 rows affected\" as a duplicate")
+		}
+		cfg.Params[k] = vs[len(vs)-1]
+	}
+	return cfg.FormatDSN(), nil
+}
+
+// redactURL hides the password of a URL for error messages.
+func redactURL(raw string) string {
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "xxxxx")
+			return u.String()
+		}
+	}
+	return raw
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/internal/faults"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store"
 )
@@ -230,7 +231,7 @@ func crashAfterCommitBeforePublish[TTx any](t *testing.T, h Harness[TTx]) {
 	clk := newClock()
 	dying := newForwarder(t, e.Store, pub, clk)
 	crash := errors.New("relay died after claiming, before publishing")
-	forwarder.SetBeforePublishHook(dying, func() error { return crash })
+	faults.Inject(dying, faults.BeforePublish, func() error { return crash })
 	if _, err := dying.DispatchBatch(context.Background()); !errors.Is(err, crash) {
 		t.Fatalf("got %v, want the injected crash", err)
 	}
@@ -382,7 +383,7 @@ func crashAfterPublishBeforeMark[TTx any](t *testing.T, h Harness[TTx]) {
 	pub := newFakePublisher()
 	f := newForwarder(t, e.Store, pub, clk)
 	crash := errors.New("process died between publish and mark")
-	forwarder.SetAfterPublishHook(f, func() error { return crash })
+	faults.Inject(f, faults.AfterPublish, func() error { return crash })
 	if _, err := f.DispatchBatch(context.Background()); !errors.Is(err, crash) {
 		t.Fatalf("got %v, want the injected crash", err)
 	}

@@ -10,6 +10,8 @@ package storetest
 import (
 	"context"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -25,7 +27,7 @@ type Harness[TTx any] struct {
 	Open func(t *testing.T) *Env[TTx]
 	// ProcessURL, when set, returns the stores.Open URL and namespace that reach env's store from
 	// another process, for the test of migrations run by several processes at once.
-	ProcessURL func(env *Env[TTx]) (url, namespace string)
+	ProcessURL func(t *testing.T, env *Env[TTx]) (url, namespace string)
 	// Sessions is how many sessions, up to want, a test may hold at once (the server's spare
 	// connections); nil: want.
 	Sessions func(t *testing.T, want int) int
@@ -126,4 +128,28 @@ func HelperProcess(t *testing.T) {
 		return
 	}
 	runHelper(t, spec)
+}
+
+// Rewrite turns one of the suite's statements into a dialect's: {{schema}}. becomes prefix (a
+// quoted schema or database and a dot, or nothing), and with dollar each ? outside quotes becomes
+// $1, $2, … in order.
+func Rewrite(query, prefix string, dollar bool) string {
+	query = strings.ReplaceAll(query, "{{schema}}.", prefix)
+	if !dollar {
+		return query
+	}
+	var b strings.Builder
+	n, quoted := 0, false
+	for _, r := range query {
+		switch {
+		case r == '\'':
+			quoted = !quoted
+		case r == '?' && !quoted:
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }

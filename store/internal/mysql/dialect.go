@@ -99,9 +99,9 @@ func (d *Dialect) Info() store.Info { return store.Info{Name: "mysql", Namespace
 
 func (d *Dialect) Queries() *sqlstore.Queries { return &d.q }
 
-func (d *Dialect) Int64s(v []int64) any    { return dbexec.ListOf(v) }
-func (d *Dialect) Strings(v []string) any  { return dbexec.ListOf(v) }
-func (d *Dialect) Time(t time.Time) any    { return t.UTC().Format(timeLayout) }
+func (d *Dialect) Int64s(v []int64) any   { return dbexec.ListOf(v) }
+func (d *Dialect) Strings(v []string) any { return dbexec.ListOf(v) }
+func (d *Dialect) Time(t time.Time) any   { return t.UTC().Format(timeLayout) }
 func (d *Dialect) NullTime(t time.Time) any {
 	if t.IsZero() {
 		return nil

@@ -46,10 +46,10 @@ type Config struct {
 
 // Dialect is Postgres.
 type Dialect struct {
-	cfg    Config
-	schema Name
-	q      sqlstore.Queries
-	claim, markFailed string
+	cfg                         Config
+	schema                      Name
+	q                           sqlstore.Queries
+	claim, markFailed           string
 	lockCount, lockRead, unlock string
 }
 

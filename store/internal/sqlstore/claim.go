@@ -79,10 +79,14 @@ func ScanOutboxRows(rows dbexec.Rows) ([]store.OutboxRow, error) {
 	for rows.Next() {
 		var (
 			r       store.OutboxRow
+			key     *string // NULL: no partition key
 			created dbexec.Time
 		)
-		if err := rows.Scan(&r.Seq, &r.UUID, &r.Topic, &r.PartitionKey, &r.Payload, &r.Metadata, &created, &r.Attempts); err != nil {
+		if err := rows.Scan(&r.Seq, &r.UUID, &r.Topic, &key, &r.Payload, &r.Metadata, &created, &r.Attempts); err != nil {
 			return nil, err
+		}
+		if key != nil {
+			r.PartitionKey = *key
 		}
 		r.CreatedAt = created.Time
 		out = append(out, r)

@@ -51,7 +51,7 @@ func (s *Store) Waker() store.Waker { return s.d.Waker() }
 
 func (s *Store) OutboxStats(ctx context.Context, now time.Time) (store.OutboxStats, error) {
 	var (
-		st                    store.OutboxStats
+		st                     store.OutboxStats
 		oldestPending, oldDead dbexec.Time
 	)
 	if err := s.db.QueryRow(ctx, s.q.OutboxStats).Scan(&st.Pending, &oldestPending, &st.DeadLettered, &oldDead); err != nil {
@@ -102,11 +102,15 @@ func (s *Store) outboxDeadLetters(ctx context.Context, q dbexec.Querier, query s
 		var (
 			created, deadAt dbexec.Time
 			metadata        []byte
+			key             *string // NULL: no partition key
 			letter          store.DeadLetter
 		)
-		if err := rows.Scan(&letter.ID, &letter.MessageID, &letter.Topic, &letter.PartitionKey, &letter.Payload, &metadata,
+		if err := rows.Scan(&letter.ID, &letter.MessageID, &letter.Topic, &key, &letter.Payload, &metadata,
 			&letter.Attempts, &letter.Reason, &created, &deadAt); err != nil {
 			return nil, s.d.Classify(err)
+		}
+		if key != nil {
+			letter.PartitionKey = *key
 		}
 		letter.CreatedAt, letter.DeadLetteredAt = created.Time, deadAt.Time
 		letter.Metadata = decodeMetadata(metadata)

@@ -1,0 +1,17 @@
+// Package faults lets outboxkit's own test suites provoke a relay crash at a chosen point of a
+// pass. It is internal: applications cannot reach it.
+package faults
+
+// Point is where in a forwarder's pass a fault is injected.
+type Point int
+
+const (
+	// BeforePublish is after claiming the pass's rows, before publishing any: a relay dying there.
+	BeforePublish Point = iota
+	// AfterPublish is after publishing, before marking the rows published: a crash there.
+	AfterPublish
+)
+
+// Inject makes every pass of forwarder f (a *forwarder.Forwarder) call fn at point; an error from
+// fn aborts the pass there. The forwarder package sets it.
+var Inject func(f any, point Point, fn func() error)
