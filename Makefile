@@ -7,10 +7,11 @@ AMQP_URL  ?= amqp://guest:guest@127.0.0.1:5672/
 NATS_URL  ?= nats://127.0.0.1:4222
 REDIS_URL ?= redis://127.0.0.1:6379/0
 KAFKA_URL ?= kafka://127.0.0.1:9092
+MYSQL_URL ?= mysql://root@127.0.0.1:3306/test
 
 SERVICE_ENV = OUTBOXKIT_TEST_POSTGRES_URL='$(PG_URL)' OUTBOXKIT_TEST_AMQP_URL='$(AMQP_URL)' \
 	OUTBOXKIT_TEST_NATS_URL='$(NATS_URL)' OUTBOXKIT_TEST_REDIS_URL='$(REDIS_URL)' \
-	OUTBOXKIT_TEST_KAFKA_URL='$(KAFKA_URL)' OUTBOXKIT_REQUIRE_SERVICES=1
+	OUTBOXKIT_TEST_KAFKA_URL='$(KAFKA_URL)' OUTBOXKIT_TEST_MYSQL_URL='$(MYSQL_URL)' OUTBOXKIT_REQUIRE_SERVICES=1
 
 .PHONY: all test test-unit demo bench lint alerts services tools tidy
 
@@ -23,7 +24,7 @@ test: services tools
 ## test-unit: the tests that need no service (the others skip, naming the variable they need).
 test-unit:
 	env -u CI -u OUTBOXKIT_REQUIRE_SERVICES -u OUTBOXKIT_TEST_POSTGRES_URL -u OUTBOXKIT_TEST_AMQP_URL \
-		-u OUTBOXKIT_TEST_NATS_URL -u OUTBOXKIT_TEST_REDIS_URL -u OUTBOXKIT_TEST_KAFKA_URL \
+		-u OUTBOXKIT_TEST_NATS_URL -u OUTBOXKIT_TEST_REDIS_URL -u OUTBOXKIT_TEST_KAFKA_URL -u OUTBOXKIT_TEST_MYSQL_URL \
 		$(GO) test -race -count=1 $(PKGS)
 
 ## demo: orders → outbox → forwarder → RabbitMQ → consumer, printed hop by hop.

@@ -108,34 +108,3 @@ func TestCircuit_GivesUpWhenTheMessageContextEnds(t *testing.T) {
 		t.Fatalf("err = %v, want the last unreachable error", err)
 	}
 }
-
-// In the full stack, a delivery held through an outage is counted once and never quarantined, not
-// even with MaxDeliveries 1.
-func TestStack_OutageNeitherCountsNorQuarantines(t *testing.T) {
-	t.Parallel()
-	e := newEnv(t)
-	var tries atomic.Int32
-	h := func(m *message.Message) error {
-		if tries.Add(1) <= 5 {
-			return outboxkit.Transport(errors.New("payment gateway: connection refused"))
-		}
-		return effect("billing")(m)
-	}
-	stack := e.stack(t, "billing", h, func(c *middleware.StackConfig) {
-		c.MaxDeliveries = 1
-		c.CircuitBackoff = fastCircuit
-	})
-	msg := orderMsg("o-1")
-	if _, err := stack(delivery(msg)); err != nil {
-		t.Fatalf("delivery failed: %v", err)
-	}
-	if tries.Load() != 6 || e.count(t, "effects", "billing", msg.UUID) != 1 {
-		t.Fatalf("%d tries, %d effects; want the sixth try to apply the effect once", tries.Load(), e.count(t, "effects", "billing", msg.UUID))
-	}
-	if n := e.count(t, "dead_letters", "billing", msg.UUID); n != 0 {
-		t.Fatal("a message was quarantined for an unreachable dependency")
-	}
-	if n := e.pg.Int(t, `SELECT deliveries FROM {{schema}}.inbox_deliveries WHERE message_id = $1`, msg.UUID); n != 1 {
-		t.Fatalf("the held delivery was counted %d times, want 1", n)
-	}
-}

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Make sure the local services the tests and the demo need are up; start any that is down.
-# Usage: scripts/services.sh [postgres] [rabbitmq] [nats] [redis] [kafka]   (default: all of them)
+# Usage: scripts/services.sh [postgres] [mysql] [rabbitmq] [nats] [redis] [kafka]   (default: all of them)
 #
 # kafka is franz-go's kfake (tools/kfake), a Kafka-protocol server built and started from this
 # repository: no Kafka broker package exists for these machines. It keeps topics in memory.
 set -euo pipefail
 
 services=("$@")
-[ ${#services[@]} -gt 0 ] || services=(postgres rabbitmq nats redis kafka)
+[ ${#services[@]} -gt 0 ] || services=(postgres mysql rabbitmq nats redis kafka)
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
@@ -43,6 +43,10 @@ for s in "${services[@]}"; do
       for _ in $(seq 1 150); do pg_isready -q -h 127.0.0.1 -p 5432 && break; sleep 0.2; done
       pg_isready -q -h 127.0.0.1 -p 5432 || { echo "services: postgres accepts no connections" >&2; exit 1; }
       ;;
+    mysql)
+      # MariaDB 10.11 (MySQL 8 serves as well); root with no password, database test.
+      ensure mysql 3306 start-stop-daemon --start --oknodo --background --exec /usr/sbin/mariadbd
+      ;;
     rabbitmq)
       ensure rabbitmq 5672 rabbitmq-server -detached
       ;;
@@ -61,7 +65,7 @@ for s in "${services[@]}"; do
       fi
       ;;
     *)
-      echo "services: unknown service $s (known: postgres rabbitmq nats redis kafka)" >&2
+      echo "services: unknown service $s (known: postgres mysql rabbitmq nats redis kafka)" >&2
       exit 2
       ;;
   esac

@@ -30,6 +30,7 @@ func consumerTests[TTx any]() []test[TTx] {
 		{"InboxTwoConsumersEachProcessOnce", inboxTwoConsumers[TTx]},
 		{"InboxOlderThanRetentionIsQuarantinedAsPossibleDuplicate", inboxOlderThanRetention[TTx]},
 		{"InboxHandlerOutputGoesIntoTheOutbox", inboxHandlerOutput[TTx]},
+		{"InboxHandlerOutputWithoutPublishTopicIsRefused", inboxHandlerOutputWithoutTopic[TTx]},
 		{"PruneInboxRemovesOnlyRowsOlderThanTheCutoff", pruneInbox[TTx]},
 		{"StatsCountProcessedDuplicatesAndDeadLetters", consumerStats[TTx]},
 		{"DeliveryCountBrokerVouchedFirstDelivery", deliveryCountVouched[TTx]},
@@ -424,6 +425,29 @@ func inboxHandlerOutput[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 	if e.count(t, "inbox", "billing", msg.UUID) != 0 {
 		t.Fatal("the refused delivery was committed")
+	}
+}
+
+func inboxHandlerOutputWithoutTopic[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	ms, err := middleware.Stack(middleware.StackConfig{Store: e.Store, Consumer: "billing", MaxRetries: -1, Registerer: e.reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var handler message.HandlerFunc = func(msg *message.Message) ([]*message.Message, error) {
+		return []*message.Message{pipeline.NewEvent("X", "k", nil)}, nil
+	}
+	for i := len(ms) - 1; i >= 0; i-- {
+		handler = ms[i](handler)
+	}
+	msg := orderMsg("o-1")
+	_, err = handler(delivery(msg))
+	if err == nil || !strings.Contains(err.Error(), "publish topic") {
+		t.Fatalf("err = %v, want one naming the missing publish topic", err)
+	}
+	if e.count(t, "inbox", "billing", msg.UUID) != 0 || e.MustInt(t, `SELECT count(*) FROM {{schema}}.outbox`) != 0 {
+		t.Fatal("something was committed")
 	}
 }
 
