@@ -12,20 +12,29 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outboxkit"
-	"github.com/outboxkit/outboxkit/internal/pgerr"
 	"github.com/outboxkit/outboxkit/internal/promreg"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // DefaultCircuitBackoff spaces the probes of a consumer whose dependency is unreachable: 200ms,
 // 400ms, 800ms … capped at 10 seconds, each ±20%.
 var DefaultCircuitBackoff = outboxkit.Backoff{Initial: 200 * time.Millisecond, Max: 10 * time.Second, Multiplier: 2, Jitter: 0.2}
 
-// IsUnreachable is the default test for "a dependency could not be reached": an error marked
-// outboxkit.Transport or recognised by outboxkit.IsTransport (network failures, timeouts), or a
-// Postgres connection failure (a failed connect, a session cut, the server shutting down or
-// starting up). Such a failure says nothing about the message: the consumer waits and tries again,
-// and never counts it toward MaxDeliveries.
-func IsUnreachable(err error) bool { return outboxkit.IsTransport(err) || pgerr.Unreachable(err) }
+// IsUnreachable is the test for "a dependency could not be reached" of middleware that knows no
+// store: an error marked outboxkit.Transport or recognised by outboxkit.IsTransport (network
+// failures, timeouts). Such a failure says nothing about the message: the consumer waits and tries
+// again, and never counts it toward MaxDeliveries.
+func IsUnreachable(err error) bool { return outboxkit.IsTransport(err) }
+
+// IsUnreachableIn is IsUnreachable that also recognises s's database failing to answer (a failed
+// connect, a session cut, the server shutting down or starting up), in the store's own statements
+// or the handler's: the default of every middleware given a Store, and of Stack.
+func IsUnreachableIn(s store.Store) func(error) bool {
+	if s == nil {
+		return IsUnreachable
+	}
+	return func(err error) bool { return IsUnreachable(err) || s.Unreachable(err) }
+}
 
 // CircuitConfig configures NewCircuit.
 type CircuitConfig struct {
@@ -34,7 +43,7 @@ type CircuitConfig struct {
 	// Backoff spaces the probes while a dependency is unreachable. Default DefaultCircuitBackoff.
 	Backoff outboxkit.Backoff
 	// IsUnreachable decides whether a failure means a dependency could not be reached. Default
-	// IsUnreachable.
+	// IsUnreachable; Stack passes IsUnreachableIn(its Store).
 	IsUnreachable func(error) bool
 	// Registerer receives outboxkit_consumer_circuit_state{consumer}: 0 closed, 1 open, 2 probing.
 	// Default: none.

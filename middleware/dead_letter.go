@@ -44,7 +44,8 @@ type DeadLetterConfig struct {
 	PoisonTopic     string
 
 	// IsUnreachable recognises failures to reach a dependency: they are never quarantined, not
-	// even on the last allowed delivery, since the message is not at fault. Default IsUnreachable.
+	// even on the last allowed delivery, since the message is not at fault. Default
+	// IsUnreachableIn(Store).
 	IsUnreachable func(error) bool
 
 	// Now is the clock. Default time.Now.
@@ -58,7 +59,7 @@ func (c DeadLetterConfig) withDefaults() DeadLetterConfig {
 		c.MaxDeliveries = DefaultMaxDeliveries
 	}
 	if c.IsUnreachable == nil {
-		c.IsUnreachable = IsUnreachable
+		c.IsUnreachable = IsUnreachableIn(c.Store)
 	}
 	if c.Now == nil {
 		c.Now = time.Now

@@ -31,7 +31,7 @@ type DeliveryCountConfig struct {
 	// counts it.
 	CountFirstDeliveries bool
 	// IsUnreachable recognises failures to reach a dependency: they are not recorded against the
-	// message. Default IsUnreachable.
+	// message. Default IsUnreachableIn(Store).
 	IsUnreachable func(error) bool
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
@@ -41,7 +41,7 @@ type DeliveryCountConfig struct {
 
 func (c DeliveryCountConfig) withDefaults() DeliveryCountConfig {
 	if c.IsUnreachable == nil {
-		c.IsUnreachable = IsUnreachable
+		c.IsUnreachable = IsUnreachableIn(c.Store)
 	}
 	if c.Now == nil {
 		c.Now = time.Now

@@ -44,7 +44,8 @@ type StackConfig struct {
 	// DefaultCircuitBackoff.
 	CircuitBackoff outboxkit.Backoff
 	// IsUnreachable decides whether a failure means a dependency could not be reached (the
-	// circuit holds the message; it never counts toward MaxDeliveries). Default IsUnreachable.
+	// circuit holds the message; it never counts toward MaxDeliveries). Default
+	// IsUnreachableIn(Store).
 	IsUnreachable func(error) bool
 
 	// Registerer receives the consumer's metrics. Default: no metrics middleware.
@@ -72,6 +73,9 @@ func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 			return
 		}
 		stack = append(stack, m)
+	}
+	if cfg.IsUnreachable == nil {
+		cfg.IsUnreachable = IsUnreachableIn(cfg.Store)
 	}
 	if cfg.TracerProvider != nil {
 		add(NewTracing(TracingConfig{Consumer: cfg.Consumer, TracerProvider: cfg.TracerProvider}))

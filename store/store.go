@@ -33,6 +33,11 @@ type Driver[TTx any] interface {
 type Store interface {
 	// Info describes the store: its name, its namespace, how writers wake relays.
 	Info() Info
+	// Unreachable reports whether err — from the store, or from the application's own statements
+	// on this database — means the database could not be reached or dropped the session (a
+	// failed connect, a lost connection, the server shutting down or out of connections), rather
+	// than that it refused the statement.
+	Unreachable(err error) bool
 
 	// Migrate creates or upgrades outboxkit's tables. It is idempotent and safe to run from
 	// several processes at once, and refuses a database migrated by a newer build.

@@ -22,9 +22,6 @@ func TestStore(t *testing.T) { storetest.Run(t, harness(pgxstore.Config{})) }
 
 // The suite again with writers that do not notify: the relay polls.
 func TestStoreWithoutNotify(t *testing.T) {
-	if testing.Short() {
-		t.Skip("-short: the suite runs once with notifications")
-	}
 	storetest.Run(t, harness(pgxstore.Config{DisableNotify: true, PollOnly: true}))
 }
 

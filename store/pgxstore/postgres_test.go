@@ -393,3 +393,31 @@ func TestIdempotencyFailedCommitIsReportedAndKeepsNothing(t *testing.T) {
 		t.Fatalf("%d orders survived a failed commit", n)
 	}
 }
+
+// A database that does not answer is told apart from one that refuses the statement: the first
+// is an outage (the relay's circuit, the consumer's circuit), the second the message's fault.
+func TestUnreachableIsToldApartFromRefused(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	down, err := pgxstore.New(pool, pgxstore.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = down.OutboxStats(context.Background(), time.Now())
+	if err == nil || !outboxkit.IsTransport(err) || !down.Unreachable(err) {
+		t.Fatalf("stats on a closed port: %v (transport %v); want it marked unreachable", err, outboxkit.IsTransport(err))
+	}
+	pg := testenv.NewPG(t)
+	_, refused := pg.Pool.Exec(context.Background(), `SELECT * FROM no_such_table`)
+	if refused == nil || pg.Store.Unreachable(refused) {
+		t.Fatalf("a refused statement (%v) counted as unreachable", refused)
+	}
+	_, cut := pg.Pool.Exec(context.Background(), `SELECT pg_terminate_backend(pg_backend_pid())`)
+	if cut == nil || !pg.Store.Unreachable(cut) {
+		t.Fatalf("a session cut by the server (%v) not counted as unreachable", cut)
+	}
+}

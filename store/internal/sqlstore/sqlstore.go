@@ -7,6 +7,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/internal/dbexec"
 )
@@ -31,6 +32,11 @@ func (s *Store) Dialect() Dialect { return s.d }
 
 // UnwrapTx is the store's view of an application's transaction.
 func (s *Store) UnwrapTx(tx dbexec.Tx) store.Tx { return userTx{s: s, tx: tx} }
+
+// Unreachable reports whether the dialect reads err as the database failing to answer.
+func (s *Store) Unreachable(err error) bool {
+	return err != nil && outboxkit.IsTransport(s.d.Classify(err))
+}
 
 func (s *Store) Info() store.Info { return s.d.Info() }
 
