@@ -188,21 +188,21 @@ type OutboxStats struct {
 // failed, or a message a consumer quarantined.
 type DeadLetter struct {
 	// ID is the outbox row's seq, or the consumer dead letter's id.
-	ID int64
+	ID int64 `json:"id"`
 	// Consumer that quarantined it; "" for an outbox row.
-	Consumer     string
-	Topic        string
-	MessageID    string
-	PartitionKey string
-	Payload      []byte
-	Metadata     map[string]string // nil when the stored metadata is not a JSON object of strings
+	Consumer     string            `json:"consumer,omitempty"`
+	Topic        string            `json:"topic"`
+	MessageID    string            `json:"message_id"`
+	PartitionKey string            `json:"partition_key,omitempty"`
+	Payload      []byte            `json:"payload"`
+	Metadata     map[string]string `json:"metadata"` // nil when the stored metadata is not a JSON object of strings
 	// Reason is the last error.
-	Reason string
+	Reason string `json:"reason"`
 	// Attempts: failed publishes of an outbox row, deliveries of a consumer's message.
-	Attempts       int
-	CreatedAt      time.Time // outbox rows: when written
-	DeadLetteredAt time.Time
-	ReplayedAt     time.Time // consumers' dead letters: zero until replayed
+	Attempts       int       `json:"attempts"`
+	CreatedAt      time.Time `json:"created_at,omitzero"` // outbox rows: when written
+	DeadLetteredAt time.Time `json:"dead_lettered_at"`
+	ReplayedAt     time.Time `json:"replayed_at,omitzero"` // consumers' dead letters: zero until replayed
 }
 
 // DeadLetterFilter selects dead letters. Set fields narrow the selection (they combine with AND).

@@ -68,7 +68,8 @@ func Open(ctx context.Context, rawURL string, opts Options) (*DB, error) {
 		if !opts.PollOnly {
 			cfg.ListenURL = rawURL
 		}
-		return finish(pctx, db, "postgres", rawURL, func() (store.Driver[*sql.Tx], error) { return pgsqlstore.New(db, cfg) })
+		s, err := pgsqlstore.New(db, cfg)
+		return finish(pctx, db, s, err, "postgres", rawURL, nil)
 	case "mysql":
 		dsn, err := mysqlstore.DSN(rawURL)
 		if err != nil {
@@ -78,13 +79,12 @@ func Open(ctx context.Context, rawURL string, opts Options) (*DB, error) {
 		if err != nil {
 			return nil, fmt.Errorf("database URL %s: %w", redact(rawURL), err)
 		}
-		return finish(pctx, db, "mysql", rawURL, func() (store.Driver[*sql.Tx], error) {
-			s, err := mysqlstore.New(db, mysqlstore.Config{Database: opts.Namespace})
-			if err == nil {
-				err = s.CheckVersion(pctx)
-			}
-			return s, err
-		})
+		s, err := mysqlstore.New(db, mysqlstore.Config{Database: opts.Namespace})
+		var check func(context.Context) error
+		if err == nil {
+			check = s.CheckVersion
+		}
+		return finish(pctx, db, s, err, "mysql", rawURL, check)
 	case "sqlite":
 		path := strings.TrimPrefix(rawURL[len(scheme):], "://")
 		if path == "" {
@@ -99,15 +99,23 @@ func Open(ctx context.Context, rawURL string, opts Options) (*DB, error) {
 	return nil, fmt.Errorf("database URL scheme %q is not supported: use one of %s", scheme, Schemes)
 }
 
-func finish(ctx context.Context, db *sql.DB, dialect, rawURL string, build func() (store.Driver[*sql.Tx], error)) (*DB, error) {
+// finish checks the store built on db (its configuration first, then that the database answers
+// and passes check) and returns it; on error it closes db.
+func finish(ctx context.Context, db *sql.DB, s store.Driver[*sql.Tx], err error, dialect, rawURL string,
+	check func(context.Context) error) (*DB, error) {
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
 	if err := db.PingContext(ctx); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("cannot reach the database at %s: %w (is it running? is the URL right?)", redact(rawURL), err)
 	}
-	s, err := build()
-	if err != nil {
-		_ = db.Close()
-		return nil, fmt.Errorf("database at %s: %w", redact(rawURL), err)
+	if check != nil {
+		if err := check(ctx); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("database at %s: %w", redact(rawURL), err)
+		}
 	}
 	return &DB{Driver: s, SQL: db, Dialect: dialect}, nil
 }

@@ -13,38 +13,27 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/stores"
 )
 
 type env struct {
 	dbURL  string
 	schema string
 	stdout io.Writer
-	pool   *pgxpool.Pool
 }
 
-func (e *env) connect(ctx context.Context) (*pgxpool.Pool, error) {
+// connect opens the store --db names. It opens no LISTEN connection: outboxctl relays nothing.
+func (e *env) connect(ctx context.Context) (*stores.DB, error) {
 	if e.dbURL == "" {
-		return nil, usagef("no database: pass --db postgres://user@host:5432/db or set OUTBOXKIT_DATABASE_URL")
+		return nil, usagef("no database: pass --db URL (%s) or set OUTBOXKIT_DATABASE_URL", stores.Schemes)
 	}
-	cfg, err := pgxpool.ParseConfig(e.dbURL)
-	if err != nil {
-		return nil, usagef("--db %q is not a Postgres URL (%v): use postgres://user@host:5432/db", e.dbURL, err)
+	if !strings.Contains(e.dbURL, "://") {
+		return nil, usagef("--db %q is not a database URL: use one of %s", e.dbURL, stores.Schemes)
 	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("cannot reach Postgres: %w (is it running? is --db right?)", err)
-	}
-	e.pool = pool
-	return pool, nil
+	return stores.Open(ctx, e.dbURL, stores.Options{Namespace: e.schema, PollOnly: true})
 }
 
 // flags is a command's flag set; errors and --help are reported by the caller.
@@ -74,21 +63,20 @@ func (e *env) migrate(ctx context.Context, args []string) error {
 	if err := parse(flags("migrate"), args, e.stdout); err != nil {
 		return err
 	}
-	pool, err := e.connect(ctx)
+	db, err := e.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	res, err := pipeline.Migrate(ctx, db, e.schema)
+	res, err := pipeline.Migrate(ctx, db)
 	if err != nil {
 		return err
 	}
+	where := db.Info().Name + " " + db.Info().Namespace
 	if len(res.Applied) == 0 {
-		fmt.Fprintf(e.stdout, "schema %s is up to date at version %d\n", e.schema, res.Version)
+		fmt.Fprintf(e.stdout, "%s is up to date at version %d\n", where, res.Version)
 	} else {
-		fmt.Fprintf(e.stdout, "schema %s migrated to version %d (applied %v)\n", e.schema, res.Version, res.Applied)
+		fmt.Fprintf(e.stdout, "%s migrated to version %d (applied %v)\n", where, res.Version, res.Applied)
 	}
 	return nil
 }
@@ -110,20 +98,16 @@ func (e *env) status(ctx context.Context, args []string) error {
 	if err := parse(fs, args, e.stdout); err != nil {
 		return err
 	}
-	pool, err := e.connect(ctx)
+	db, err := e.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	ob, err := forwarder.NewOutbox(pool, forwarder.OutboxConfig{Schema: e.schema})
-	if err != nil {
-		return usagef("%v", err)
-	}
-	s, err := ob.Stats(ctx)
+	defer db.Close()
+	s, err := db.OutboxStats(ctx, time.Now())
 	if err != nil {
 		return err
 	}
-	consumers, err := middleware.Stats(ctx, pool, e.schema)
+	consumers, err := middleware.Stats(ctx, db)
 	if err != nil {
 		return err
 	}
@@ -160,20 +144,16 @@ func (e *env) prune(ctx context.Context, args []string) error {
 	if *published <= 0 || *inbox <= 0 || *batch < 1 {
 		return usagef("prune: --published-older-than and --inbox-older-than must be positive durations (e.g. 24h), --batch at least 1")
 	}
-	pool, err := e.connect(ctx)
+	db, err := e.connect(ctx)
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	ob, err := forwarder.NewOutbox(pool, forwarder.OutboxConfig{Schema: e.schema})
-	if err != nil {
-		return usagef("%v", err)
-	}
-	nOutbox, err := ob.PrunePublished(ctx, *published, *batch)
+	defer db.Close()
+	nOutbox, err := forwarder.PrunePublished(ctx, db, time.Now().Add(-*published), *batch)
 	if err != nil {
 		return err
 	}
-	nInbox, err := middleware.PruneInbox(ctx, middleware.PruneConfig{Pool: pool, Schema: e.schema, BatchSize: *batch}, *inbox)
+	nInbox, err := middleware.PruneInbox(ctx, middleware.PruneConfig{Store: db, BatchSize: *batch}, *inbox)
 	if err != nil {
 		return err
 	}

@@ -1,5 +1,6 @@
-// Command outboxctl operates an outboxkit database: migrations, backlog status, dead letters on
-// both sides (the outbox's and each consumer's), replay and pruning.
+// Command outboxctl operates an outboxkit database — Postgres, MySQL/MariaDB or SQLite:
+// migrations, backlog status, dead letters on both sides (the outbox's and each consumer's), replay
+// and pruning.
 //
 //	outboxctl [--db URL] [--schema NAME] COMMAND [flags]
 //
@@ -16,8 +17,7 @@ import (
 	"os/signal"
 	"strings"
 
-	"github.com/outboxkit/outboxkit/internal/pgerr"
-	"github.com/outboxkit/outboxkit/internal/schema"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 const usage = `outboxctl operates an outboxkit database.
@@ -37,8 +37,10 @@ Commands:
   prune                         delete published outbox rows and inbox rows past their retention
 
 Global flags:
-  --db URL        Postgres URL (env OUTBOXKIT_DATABASE_URL)
-  --schema NAME   schema holding the tables (env OUTBOXKIT_SCHEMA, default outboxkit)
+  --db URL        database URL (env OUTBOXKIT_DATABASE_URL): postgres://user@host:5432/db,
+                  mysql://user:pass@host:3306/db or sqlite://path/to/file.db
+  --schema NAME   Postgres schema or MySQL database holding the tables
+                  (env OUTBOXKIT_SCHEMA, default outboxkit; SQLite keeps them in its file)
 
 Run "outboxctl COMMAND --help" for a command's flags.
 `
@@ -70,8 +72,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	default:
 		fmt.Fprintf(stderr, "outboxctl: %s\n", err)
-		if code, _ := pgerr.Code(err); code == pgerr.UndefinedTable {
-			fmt.Fprintln(stderr, "The tables are missing in this schema: run \"outboxctl migrate\" (with the same --db and --schema) first.")
+		if errors.Is(err, store.ErrNotMigrated) {
+			fmt.Fprintln(stderr, "The tables are missing: run \"outboxctl migrate\" (with the same --db and --schema) first.")
 		}
 		return 1
 	}
@@ -93,9 +95,6 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(rest) == 0 {
 		fmt.Fprint(stderr, usage)
 		return usagef("no command given")
-	}
-	if _, err := schema.Parse(*schemaName); err != nil {
-		return usagef("--schema: %v", err)
 	}
 	env := &env{dbURL: *dbURL, schema: *schemaName, stdout: stdout}
 	cmd, sub := rest[0], rest[1:]

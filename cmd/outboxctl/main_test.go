@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -14,6 +15,7 @@ import (
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/stores"
 )
 
 func ctl(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -31,8 +33,7 @@ func TestUsageErrorsExitTwoAndSayWhatToDo(t *testing.T) {
 		{nil, "no command given"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
 		{[]string{"status"}, "pass --db"},
-		{[]string{"--db", "::nonsense", "status"}, "is not a Postgres URL"},
-		{[]string{"--db", "postgres://x@127.0.0.1:1/x", "--schema", "Bad-Name", "status"}, "schema name"},
+		{[]string{"--db", "::nonsense", "status"}, "is not a database URL"},
 		{[]string{"--db", "postgres://x@127.0.0.1:1/x", "outbox", "dead", "replay", "--since", "yesterday"}, "RFC 3339"},
 		{[]string{"--db", "postgres://x@127.0.0.1:1/x", "outbox", "dead", "list", "--seq", "abc"}, "positive integers"},
 		{[]string{"--db", "postgres://x@127.0.0.1:1/x", "outbox", "dead", "show"}, "takes one SEQ"},
@@ -49,17 +50,48 @@ func TestUsageErrorsExitTwoAndSayWhatToDo(t *testing.T) {
 	}
 }
 
-func TestUnreachableDatabaseExitsOne(t *testing.T) {
-	code, _, stderr := ctl(t, "--db", "postgres://nobody@127.0.0.1:1/none?connect_timeout=2", "status")
-	if code != 1 || !strings.Contains(stderr, "cannot reach Postgres") {
-		t.Fatalf("exit %d, stderr %q", code, stderr)
+func TestBadDatabaseExitsOneAndSaysWhy(t *testing.T) {
+	for _, c := range []struct{ url, want string }{
+		{"postgres://nobody@127.0.0.1:1/none?connect_timeout=2", "cannot reach the database"},
+		{"mysql://nobody@127.0.0.1:1/none?timeout=2s", "cannot reach the database"},
+		{"oracle://x@y/z", `scheme "oracle" is not supported`},
+		{"postgres://x@127.0.0.1:1/x?connect_timeout=2", "cannot reach the database"},
+	} {
+		code, _, stderr := ctl(t, "--db", c.url, "status")
+		if code != 1 || !strings.Contains(stderr, c.want) {
+			t.Errorf("%s: exit %d, stderr %q; want exit 1 and %q", c.url, code, stderr, c.want)
+		}
+	}
+	code, _, stderr := ctl(t, "--db", "postgres://x@127.0.0.1:1/x", "--schema", "Bad-Name", "status")
+	if code != 1 || !strings.Contains(stderr, "lowercase letters") {
+		t.Errorf("bad schema: exit %d, stderr %q", code, stderr)
 	}
 }
 
+// The same operator session on every store: outboxctl takes the database from its URL.
 func TestMigrateStatusAndOutboxDeadLetters(t *testing.T) {
 	t.Parallel()
-	pg := testenv.NewEmptyPG(t)
-	db := []string{"--db", pg.URL, "--schema", string(pg.Schema)}
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		pg := testenv.NewEmptyPG(t)
+		operate(t, pg.URL, string(pg.Schema))
+	})
+	t.Run("mysql", func(t *testing.T) {
+		t.Parallel()
+		m := testenv.NewMySQL(t)
+		operate(t, m.URL, m.Database)
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		operate(t, "sqlite://"+filepath.Join(t.TempDir(), "ops.db"), "")
+	})
+}
+
+func operate(t *testing.T, url, namespace string) {
+	db := []string{"--db", url}
+	if namespace != "" {
+		db = append(db, "--schema", namespace)
+	}
 
 	if code, _, stderr := ctl(t, append(db, "status")...); code != 1 || !strings.Contains(stderr, "outboxctl migrate") {
 		t.Fatalf("status before migrate: exit %d, %q; want a hint to migrate", code, stderr)
@@ -73,15 +105,25 @@ func TestMigrateStatusAndOutboxDeadLetters(t *testing.T) {
 
 	// Two events; the broker refuses the one for key "bad" until it is dead-lettered.
 	ctx := context.Background()
-	tx, _ := pg.Pool.Begin(ctx)
-	pub, _ := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: string(pg.Schema)})
+	s, err := stores.Open(ctx, url, stores.Options{Namespace: namespace, PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	tx, err := s.SQL.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := pipeline.NewPublisher(s, tx, pipeline.PublisherConfig{})
 	bad, good := pipeline.NewEvent("E", "bad", []byte(`{"n":1}`)), pipeline.NewEvent("E", "good", nil)
 	if err := pub.Publish("orders", bad, good); err != nil {
 		t.Fatal(err)
 	}
-	_ = tx.Commit(ctx)
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
 	refusing := &refuser{refuse: "bad"}
-	relay, err := forwarder.New(forwarder.Config{Pool: pg.Pool, Schema: string(pg.Schema), Publisher: refusing, MaxAttempts: 1})
+	relay, err := forwarder.New(forwarder.Config{Store: s, Publisher: refusing, MaxAttempts: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +141,7 @@ func TestMigrateStatusAndOutboxDeadLetters(t *testing.T) {
 		t.Fatalf("dead list: exit %d\n%s", code, stdout)
 	}
 	code, stdout, _ = ctl(t, append(db, "outbox", "dead", "show", "1")...)
-	if code != 0 || !strings.Contains(stdout, `"payload_text": "{\"n\":1}"`) {
+	if code != 0 || !strings.Contains(stdout, `"payload_text": "{\"n\":1}"`) || !strings.Contains(stdout, `"message_id": "`+bad.UUID+`"`) {
 		t.Fatalf("dead show: exit %d\n%s", code, stdout)
 	}
 	if code, _, stderr := ctl(t, append(db, "outbox", "dead", "show", "2")...); code != 1 || !strings.Contains(stderr, "no dead letter") {
