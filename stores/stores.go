@@ -9,6 +9,7 @@ import (
 	"database/sql"
 	"fmt"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -130,3 +131,34 @@ func redact(raw string) string {
 	}
 	return raw
 }
+
+// Rebind turns a statement written with ? placeholders into dialect's: $1, $2, … on Postgres, left
+// as it is on MySQL and SQLite. A ? inside a quoted string or identifier is left alone. It lets an
+// application write its own statements once for every store Open opens.
+func Rebind(dialect, query string) string {
+	if dialect != "postgres" {
+		return query
+	}
+	var b strings.Builder
+	n := 0
+	var quote rune // the quote we are inside, or 0
+	for _, r := range query {
+		switch {
+		case quote != 0:
+			if r == quote {
+				quote = 0
+			}
+		case r == '\'' || r == '"' || r == '`':
+			quote = r
+		case r == '?':
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// Rebind is Rebind for the database's dialect.
+func (d *DB) Rebind(query string) string { return Rebind(d.Dialect, query) }

@@ -10,12 +10,12 @@ package storetest
 import (
 	"context"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/outboxkit/outboxkit/store"
+	"github.com/outboxkit/outboxkit/stores"
 )
 
 // Harness makes stores of one driver for the suite.
@@ -135,21 +135,8 @@ func HelperProcess(t *testing.T) {
 // $1, $2, … in order.
 func Rewrite(query, prefix string, dollar bool) string {
 	query = strings.ReplaceAll(query, "{{schema}}.", prefix)
-	if !dollar {
-		return query
+	if dollar {
+		query = stores.Rebind("postgres", query)
 	}
-	var b strings.Builder
-	n, quoted := 0, false
-	for _, r := range query {
-		switch {
-		case r == '\'':
-			quoted = !quoted
-		case r == '?' && !quoted:
-			n++
-			b.WriteString("$" + strconv.Itoa(n))
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
+	return query
 }
