@@ -21,6 +21,8 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/store"
 )
@@ -43,6 +45,8 @@ type Config struct {
 	MaxBodyBytes int64
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// Logger receives a line for each request the database kept from being served. Default: none.
+	Logger watermill.LoggerAdapter
 }
 
 func (c Config) withDefaults() Config {
@@ -51,6 +55,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
+	}
+	if c.Logger == nil {
+		c.Logger = watermill.NopLogger{}
 	}
 	return c
 }
@@ -114,14 +121,14 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 
 	tx, err := m.cfg.Store.BeginIdempotency(ctx)
 	if err != nil {
-		problem(w, http.StatusServiceUnavailable, "database unavailable, retry with the same key")
+		m.unavailable(w, "begin the key's transaction", key, err)
 		return
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	// A retry racing the first request blocks here until the first commits or rolls back.
 	claimed, err := tx.ClaimKey(ctx, scope, key, sum[:], m.cfg.Now())
 	if err != nil {
-		problem(w, http.StatusServiceUnavailable, "database unavailable, retry with the same key")
+		m.unavailable(w, "record the key", key, err)
 		return
 	}
 	if !claimed {
@@ -143,6 +150,8 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 		err = tx.Commit(ctx)
 	}
 	if err != nil {
+		m.cfg.Logger.Error("idempotency: recording the response failed; the outcome is unknown", err,
+			watermill.LogFields{"key": key, "scope": scope})
 		// A failed COMMIT may still have committed (its reply lost with the connection): the
 		// outcome is unknown, not "nothing happened". A retry with the same key tells: it gets
 		// the recorded response if the operation was kept, and runs it once if it was not.
@@ -157,7 +166,7 @@ func (m *middleware) serve(next http.Handler, w http.ResponseWriter, r *http.Req
 func (m *middleware) replay(w http.ResponseWriter, r *http.Request, scope, key string, sum []byte) {
 	rec, err := m.cfg.Store.IdempotencyRecord(r.Context(), scope, key)
 	if err != nil {
-		problem(w, http.StatusServiceUnavailable, "database unavailable, retry with the same key")
+		m.unavailable(w, "read the key's recorded response", key, err)
 		return
 	}
 	if !bytes.Equal(rec.RequestHash, sum) {
@@ -205,4 +214,15 @@ func problem(w http.ResponseWriter, status int, detail string) {
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(map[string]any{"status": status, "title": http.StatusText(status), "detail": detail})
+}
+
+// unavailable answers 503 for a request the database kept from being served: nothing was done, and
+// a retry with the same key is safe.
+func (m *middleware) unavailable(w http.ResponseWriter, step, key string, err error) {
+	m.cfg.Logger.Error("idempotency: could not "+step, err, watermill.LogFields{"key": key})
+	reason := "the database is unavailable"
+	if !m.cfg.Store.Unreachable(err) {
+		reason = "the database refused to " + step
+	}
+	problem(w, http.StatusServiceUnavailable, reason+": nothing was done; retry with the same key")
 }

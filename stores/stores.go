@@ -47,7 +47,15 @@ type Options struct {
 	DisableNotify bool
 	// PollOnly opens no LISTEN connection on Postgres (PgBouncer in transaction mode).
 	PollOnly bool
+	// MaxConns bounds the database handle's open connections (sql.DB.SetMaxOpenConns): past it,
+	// work waits for a connection instead of failing on the server's limit. A consumer holds one
+	// for each delivery in progress. Default DefaultMaxConns.
+	MaxConns int
 }
+
+// DefaultMaxConns is the default of Options.MaxConns: well within the default connection limits
+// of Postgres (100) and MySQL (151), with room for a few processes.
+const DefaultMaxConns = 20
 
 // Open connects to the database a URL names and returns its store. It checks that the database
 // answers (and, for MySQL, that it is recent enough) and says what to do when it does not; it does
@@ -57,6 +65,12 @@ func Open(ctx context.Context, rawURL string, opts Options) (*DB, error) {
 	if !ok || scheme == "" {
 		return nil, fmt.Errorf("database URL %q has no scheme: use one of %s", redact(rawURL), Schemes)
 	}
+	if opts.MaxConns < 0 {
+		return nil, fmt.Errorf("stores: Options.MaxConns must be positive, got %d", opts.MaxConns)
+	}
+	if opts.MaxConns == 0 {
+		opts.MaxConns = DefaultMaxConns
+	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	switch strings.ToLower(scheme) {
@@ -65,6 +79,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*DB, error) {
 		if err != nil {
 			return nil, fmt.Errorf("database URL %s: %w", redact(rawURL), err)
 		}
+		db.SetMaxOpenConns(opts.MaxConns)
 		cfg := pgsqlstore.Config{Schema: opts.Namespace, DisableNotify: opts.DisableNotify}
 		if !opts.PollOnly {
 			cfg.ListenURL = rawURL
@@ -80,6 +95,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*DB, error) {
 		if err != nil {
 			return nil, fmt.Errorf("database URL %s: %w", redact(rawURL), err)
 		}
+		db.SetMaxOpenConns(opts.MaxConns)
 		s, err := mysqlstore.New(db, mysqlstore.Config{Database: opts.Namespace})
 		var check func(context.Context) error
 		if err == nil {
@@ -95,6 +111,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*DB, error) {
 		if err != nil {
 			return nil, err
 		}
+		s.DB().SetMaxOpenConns(opts.MaxConns)
 		return &DB{Driver: s, SQL: s.DB(), Dialect: "sqlite"}, nil
 	}
 	return nil, fmt.Errorf("database URL scheme %q is not supported: use one of %s", scheme, Schemes)

@@ -2,12 +2,10 @@ package main
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -15,8 +13,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/components/metrics"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -24,11 +20,10 @@ import (
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/idempotency"
+	"github.com/outboxkit/outboxkit/internal/faults"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/stores"
 )
-
-//go:embed schema.sql
-var demoSchema string
 
 // relayControl runs the forwarder and lets /admin/relay stop and start it.
 type relayControl struct {
@@ -70,33 +65,19 @@ func (c *relayControl) running() bool {
 }
 
 func run(ctx context.Context, o options) error {
-	pool, err := pgxpool.New(ctx, o.dbURL)
-	if err == nil {
-		err = pool.Ping(ctx)
-	}
+	db, err := stores.Open(ctx, o.dbURL, stores.Options{Namespace: o.schema})
 	if err != nil {
-		return fmt.Errorf("cannot reach Postgres at %s: %v (start it, or pass --db)", o.dbURL, err)
+		return fmt.Errorf("%w (pass --db; the default, %s, needs no server)", err, defaultDB)
 	}
-	defer pool.Close()
-	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
-	res, err := pipeline.Migrate(ctx, db, o.schema)
+	res, err := pipeline.Migrate(ctx, db)
 	if err != nil {
 		return err
 	}
-	if _, err := pool.Exec(ctx, strings.ReplaceAll(demoSchema, "{{schema}}", o.schema)); err != nil {
-		return fmt.Errorf("create the demo's tables: %w", err)
-	}
-
-	// The relay gets a pool of its own, named, so --crash-after-publish can kill its sessions.
-	relayApp := fmt.Sprintf("outboxkit-demo-relay-%d", os.Getpid())
-	relayCfg, _ := pgxpool.ParseConfig(o.dbURL)
-	relayCfg.ConnConfig.RuntimeParams["application_name"] = relayApp
-	relayPool, err := pgxpool.NewWithConfig(ctx, relayCfg)
-	if err != nil {
+	biz := newBusiness(db)
+	if err := biz.createTables(ctx); err != nil {
 		return err
 	}
-	defer relayPool.Close()
 
 	var logger watermill.LoggerAdapter = watermill.NopLogger{}
 	if o.verbose {
@@ -105,7 +86,10 @@ func run(ctx context.Context, o options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	topic := o.schema + ".orders"
+	topic := "outboxkit_demo.orders"
+	if db.Dialect != "sqlite" {
+		topic = db.Info().Namespace + ".orders"
+	}
 	// The publisher declares each consumer group's queue before it first publishes (RabbitMQ), so a
 	// consumer that starts after the orders service misses nothing.
 	groups := make([]string, len(consumerNames))
@@ -117,18 +101,16 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("cannot open the broker at %s: %w (pass --broker)", redact(o.brokerURL), err)
 	}
 	defer broker.Close()
-	pub := &faultyPublisher{Publisher: broker.Publisher, failEvery: o.failPublishEvery, crashEvery: o.crashAfterPublish,
-		killRelay: func() { killSessions(pool, relayApp) }}
+	pub := &faultyPublisher{Publisher: broker.Publisher, failEvery: o.failPublishEvery, crashEvery: o.crashAfterPublish}
 	relay, err := forwarder.New(forwarder.Config{
-		Pool: relayPool, Schema: o.schema, Name: "demo", Publisher: pub, Registerer: reg, Logger: logger,
+		Store: db, Name: "demo", Publisher: pub, Registerer: reg, Logger: logger,
 		Backoff: forwarder.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2},
 	})
 	if err != nil {
 		return err
 	}
-	outbox, err := forwarder.NewOutbox(pool, forwarder.OutboxConfig{Schema: o.schema})
-	if err != nil {
-		return err
+	if o.crashAfterPublish > 0 {
+		faults.Inject(relay, faults.AfterPublish, pub.afterPublish)
 	}
 
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
@@ -137,7 +119,7 @@ func run(ctx context.Context, o options) error {
 	}
 	// Watermill's own handler metrics (execution time, messages per handler) beside outboxkit's.
 	metrics.NewPrometheusMetricsBuilder(reg, "demo", "").AddPrometheusRouterMetrics(router)
-	if err := addConsumers(router, pool, o.schema, broker, topic, reg, o.consumerCrash, o.rejectCustomer, logger); err != nil {
+	if err := addConsumers(router, biz, broker, topic, reg, o.consumerCrash, o.rejectCustomer, logger); err != nil {
 		return err
 	}
 	routerCtx, stopRouter := context.WithCancel(context.Background())
@@ -151,18 +133,18 @@ func run(ctx context.Context, o options) error {
 	control.start(context.Background())
 	defer control.stop()
 
-	idem, err := idempotency.Middleware(idempotency.Config{Pool: pool, Schema: o.schema})
+	idem, err := idempotency.Middleware(idempotency.Config{Store: db, Logger: logger})
 	if err != nil {
 		return err
 	}
-	orders := &orderService{pool: pool, schema: o.schema, topic: topic, poisonEvery: o.poisonEvery}
+	orders := &orderService{b: biz, topic: topic, poisonEvery: o.poisonEvery}
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", idem(http.HandlerFunc(orders.create)))
 	mux.Handle("POST /orders/{id}/cancel", idem(http.HandlerFunc(orders.cancel)))
 	mux.HandleFunc("GET /orders/{id}", orders.get)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) })
-	mux.HandleFunc("GET /readyz", readiness(outbox, control, o.readyMaxAge))
+	mux.HandleFunc("GET /readyz", readiness(db, control, o.readyMaxAge))
 	mux.HandleFunc("POST /admin/relay/stop", func(w http.ResponseWriter, r *http.Request) {
 		control.stop()
 		writeJSON(w, 200, map[string]bool{"relay_running": false})
@@ -184,15 +166,15 @@ func run(ctx context.Context, o options) error {
 	}()
 	base := "http://" + ln.Addr().String()
 	fmt.Printf("outboxkit demo on %s — POST /orders, POST /orders/{id}/cancel, GET /orders/{id}, /metrics, /healthz, /readyz\n", base)
-	fmt.Printf("schema %s at version %d; broker %s; consumers %s\n", o.schema, res.Version, redact(o.brokerURL),
+	fmt.Printf("%s %s at version %d; broker %s; consumers %s\n", db.Info().Name, db.Info().Namespace, res.Version, redact(o.brokerURL),
 		strings.Join([]string{consumerNames[0].name, consumerNames[1].name, consumerNames[2].name}, ", "))
 	printFaults(o)
 
-	stopStatus := startStatusLine(ctx, pool, outbox, o)
+	stopStatus := startStatusLine(ctx, biz, o)
 	defer stopStatus()
 
 	if o.orders > 0 {
-		before, err := takeSnapshot(ctx, pool, outbox, o.schema)
+		before, err := takeSnapshot(ctx, biz)
 		if err != nil {
 			return err
 		}
@@ -202,7 +184,7 @@ func run(ctx context.Context, o options) error {
 		}
 		fmt.Printf("placed %d orders (%d POSTs retried with the same Idempotency-Key, %d answered from its record)\n",
 			gen.placed, gen.retried, gen.replayed)
-		after, err := waitDrained(ctx, pool, outbox, o, before, gen.placed)
+		after, err := waitDrained(ctx, biz, o, before, gen.placed)
 		stopStatus()
 		fmt.Println(after.line())
 		if err != nil {
@@ -239,9 +221,9 @@ func printFaults(o options) {
 	}
 }
 
-func readiness(outbox *forwarder.Outbox, control *relayControl, maxAge time.Duration) http.HandlerFunc {
+func readiness(db *stores.DB, control *relayControl, maxAge time.Duration) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		st, err := outbox.Stats(r.Context())
+		st, err := db.OutboxStats(r.Context(), time.Now())
 		if err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]any{"ready": false, "reason": "database: " + err.Error()})
 			return
@@ -259,7 +241,7 @@ func readiness(outbox *forwarder.Outbox, control *relayControl, maxAge time.Dura
 	}
 }
 
-func startStatusLine(ctx context.Context, pool *pgxpool.Pool, outbox *forwarder.Outbox, o options) (stop func()) {
+func startStatusLine(ctx context.Context, b *business, o options) (stop func()) {
 	if o.statusEvery <= 0 {
 		return func() {}
 	}
@@ -276,7 +258,7 @@ func startStatusLine(ctx context.Context, pool *pgxpool.Pool, outbox *forwarder.
 				return
 			case <-t.C:
 			}
-			if s, err := takeSnapshot(ctx, pool, outbox, o.schema); err == nil {
+			if s, err := takeSnapshot(ctx, b); err == nil {
 				fmt.Printf("[%4.0fs] %s\n", time.Since(start).Seconds(), s.line())
 			}
 		}
@@ -286,10 +268,10 @@ func startStatusLine(ctx context.Context, pool *pgxpool.Pool, outbox *forwarder.
 }
 
 // waitDrained waits until every consumer has handled the placed orders (processed or quarantined).
-func waitDrained(ctx context.Context, pool *pgxpool.Pool, outbox *forwarder.Outbox, o options, before snapshot, placed int) (snapshot, error) {
+func waitDrained(ctx context.Context, b *business, o options, before snapshot, placed int) (snapshot, error) {
 	deadline := time.Now().Add(o.drainDeadline)
 	for {
-		s, err := takeSnapshot(ctx, pool, outbox, o.schema)
+		s, err := takeSnapshot(ctx, b)
 		if err != nil {
 			return s, err
 		}
@@ -321,7 +303,7 @@ func summary(o options, before, after snapshot, placed int) string {
 	}
 	fmt.Fprintf(&b, " duplicates absorbed %d, dead letters %d.", after.Duplicates-before.Duplicates, after.Quarantined-before.Quarantined)
 	if o.poisonEvery > 0 {
-		fmt.Fprintf(&b, "\nthe poisoned events are quarantined: try `outboxctl --db '%s' --schema %s inbox dead list`", o.dbURL, o.schema)
+		fmt.Fprintf(&b, "\nthe poisoned events are quarantined: try `go run ./cmd/outboxctl --db '%s' --schema %s inbox dead list`", o.dbURL, o.schema)
 	}
 	return b.String()
 }

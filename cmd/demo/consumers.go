@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -9,8 +10,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outboxkit"
@@ -34,28 +33,29 @@ var consumerNames = []consumerSpec{
 var errSimulatedCrash = errors.New("simulated crash before commit (--consumer-crash-every)")
 
 // addConsumers subscribes Shipping, Billing and Search to topic, each behind its own inbox.
-func addConsumers(router *message.Router, pool *pgxpool.Pool, schemaName string, broker *backends.Backend, topic string,
+func addConsumers(router *message.Router, b *business, broker *backends.Backend, topic string,
 	reg prometheus.Registerer, crashEvery int64, rejectCustomer string, logger watermill.LoggerAdapter) error {
 	var billed atomic.Int64
-	effects := map[string]handlers.Func[OrderPlaced]{
-		"shipping": func(ctx context.Context, tx pgx.Tx, o OrderPlaced) error {
+	exec := func(ctx context.Context, tx *sql.Tx, query string, args ...any) error {
+		_, err := tx.ExecContext(ctx, b.q(query), args...)
+		return err
+	}
+	effects := map[string]handlers.Func[*sql.Tx, OrderPlaced]{
+		"shipping": func(ctx context.Context, tx *sql.Tx, o OrderPlaced) error {
 			if cancelled(ctx) {
-				_, err := tx.Exec(ctx, `UPDATE `+schemaName+`.shipments SET cancelled_at = now() WHERE order_id = $1`, o.OrderID)
-				return err
+				return exec(ctx, tx, `UPDATE {{t}}.shipments SET cancelled_at = ? WHERE order_id = ?`, b.now(), o.OrderID)
 			}
-			_, err := tx.Exec(ctx, `INSERT INTO `+schemaName+`.shipments (order_id) VALUES ($1)`, o.OrderID)
-			return err
+			return exec(ctx, tx, `INSERT INTO {{t}}.shipments (order_id, created_at) VALUES (?, ?)`, o.OrderID, b.now())
 		},
-		"billing": func(ctx context.Context, tx pgx.Tx, o OrderPlaced) error {
+		"billing": func(ctx context.Context, tx *sql.Tx, o OrderPlaced) error {
 			if cancelled(ctx) {
-				_, err := tx.Exec(ctx, `UPDATE `+schemaName+`.invoices SET refunded_at = now() WHERE order_id = $1`, o.OrderID)
-				return err
+				return exec(ctx, tx, `UPDATE {{t}}.invoices SET refunded_at = ? WHERE order_id = ?`, b.now(), o.OrderID)
 			}
 			if rejectCustomer != "" && o.Customer == rejectCustomer {
 				return handlers.Permanent(fmt.Errorf("customer %q has no billing account (--reject-customer)", o.Customer))
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO `+schemaName+`.invoices (order_id, amount_cents) VALUES ($1, $2)`,
-				o.OrderID, o.TotalCents); err != nil {
+			if err := exec(ctx, tx, `INSERT INTO {{t}}.invoices (order_id, amount_cents, created_at) VALUES (?, ?, ?)`,
+				o.OrderID, o.TotalCents, b.now()); err != nil {
 				return err
 			}
 			if crashEvery > 0 && billed.Add(1)%crashEvery == 0 {
@@ -63,14 +63,13 @@ func addConsumers(router *message.Router, pool *pgxpool.Pool, schemaName string,
 			}
 			return nil
 		},
-		"search": func(ctx context.Context, tx pgx.Tx, o OrderPlaced) error {
+		"search": func(ctx context.Context, tx *sql.Tx, o OrderPlaced) error {
 			status := "placed"
 			if cancelled(ctx) {
 				status = "cancelled"
 			}
-			_, err := tx.Exec(ctx, `INSERT INTO `+schemaName+`.search_entries (order_id, document) VALUES ($1, $2)
-				ON CONFLICT (order_id) DO UPDATE SET document = excluded.document, updated_at = now()`,
-				o.OrderID, fmt.Sprintf("%s %s %d %s", o.OrderID, o.Customer, o.TotalCents, status))
+			_, err := tx.ExecContext(ctx, b.upsertSearch(),
+				o.OrderID, fmt.Sprintf("%s %s %d %s", o.OrderID, o.Customer, o.TotalCents, status), b.now())
 			return err
 		},
 	}
@@ -80,7 +79,7 @@ func addConsumers(router *message.Router, pool *pgxpool.Pool, schemaName string,
 			return fmt.Errorf("consumer %s: cannot subscribe: %w", c.name, err)
 		}
 		stack, err := middleware.Stack(middleware.StackConfig{
-			Pool: pool, Schema: schemaName, Consumer: c.name, Registerer: reg, Logger: logger,
+			Store: b.db, Consumer: c.name, Registerer: reg, Logger: logger,
 			RetryBackoff: middleware.DefaultRetryBackoff, MaxRetries: 1,
 		})
 		if err != nil {

@@ -5,7 +5,9 @@
 //
 //	go run ./cmd/demo [--orders 200] [--rate 50] [--serve] [fault switches]
 //
-// See the README for the fault switches and what each one shows.
+// By default it needs no server: the database is a SQLite file (.cache/outboxkit-demo.db) and the
+// broker is in-process (memory://). --db and --broker point it at Postgres, MySQL, RabbitMQ, Kafka,
+// NATS or Redis instead. See the README for the fault switches and what each one shows.
 package main
 
 import (
@@ -39,11 +41,20 @@ type options struct {
 	rejectCustomer    string
 }
 
+// defaultDB and defaultBroker need no server.
+const (
+	defaultDB     = "sqlite://.cache/outboxkit-demo.db"
+	defaultBroker = "memory://"
+)
+
 func main() {
 	var o options
-	flag.StringVar(&o.dbURL, "db", env("OUTBOXKIT_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "Postgres URL (env OUTBOXKIT_DATABASE_URL)")
-	flag.StringVar(&o.brokerURL, "broker", env("OUTBOXKIT_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/"), "broker URL (env OUTBOXKIT_BROKER_URL)")
-	flag.StringVar(&o.schema, "schema", env("OUTBOXKIT_SCHEMA", "outboxkit_demo"), "Postgres schema for the demo's tables")
+	flag.StringVar(&o.dbURL, "db", env("OUTBOXKIT_DATABASE_URL", defaultDB),
+		"database URL: sqlite://file, postgres://… or mysql://… (env OUTBOXKIT_DATABASE_URL)")
+	flag.StringVar(&o.brokerURL, "broker", env("OUTBOXKIT_BROKER_URL", defaultBroker),
+		"broker URL: memory://, amqp://, kafka://, nats://, redis:// (env OUTBOXKIT_BROKER_URL)")
+	flag.StringVar(&o.schema, "schema", env("OUTBOXKIT_SCHEMA", "outboxkit_demo"),
+		"Postgres schema or MySQL database for the demo's tables and outboxkit's (SQLite: the file holds them)")
 	flag.StringVar(&o.addr, "addr", "127.0.0.1:8080", "HTTP listen address")
 	flag.IntVar(&o.orders, "orders", 200, "sample orders to place (0: none, with --serve)")
 	flag.Float64Var(&o.rate, "rate", 50, "sample orders per second")
@@ -54,7 +65,7 @@ func main() {
 	flag.DurationVar(&o.drainDeadline, "drain-deadline", 60*time.Second, "how long to wait for every consumer once the samples are placed")
 	flag.BoolVar(&o.verbose, "verbose", false, "log the library's debug lines")
 	flag.Int64Var(&o.failPublishEvery, "fail-publish-every", 0, "refuse every Nth publish: the forwarder backs off and retries it")
-	flag.Int64Var(&o.crashAfterPublish, "crash-after-publish", 0, "kill the relay's database session after every Nth publish: "+
+	flag.Int64Var(&o.crashAfterPublish, "crash-after-publish", 0, "make every Nth relay pass die after publishing, before marking: "+
 		"the rows are published again and every inbox absorbs the duplicates")
 	flag.Int64Var(&o.poisonEvery, "poison-every", 0, "give every Nth order's event a payload no consumer can decode: each consumer quarantines it")
 	flag.Int64Var(&o.consumerCrash, "consumer-crash-every", 0, "make Billing fail before commit on every Nth message: it is rolled back and redelivered")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,11 +12,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outboxkit"
-	"github.com/outboxkit/outboxkit/idempotency"
 	"github.com/outboxkit/outboxkit/pipeline"
 )
 
@@ -33,8 +31,7 @@ type placeOrder struct {
 
 // orderService writes an order and its OrderPlaced event in one transaction.
 type orderService struct {
-	pool        *pgxpool.Pool
-	schema      string
+	b           *business
 	topic       string
 	poisonEvery int64 // every Nth order's event gets a payload no consumer can decode
 	placed      atomic.Int64
@@ -53,16 +50,9 @@ func (s *orderService) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	// With an Idempotency-Key the order commits together with the recorded response.
-	tx, ok := idempotency.TxFrom(ctx)
-	if !ok {
-		own, err := s.pool.Begin(ctx)
-		if err != nil {
-			writeProblem(w, http.StatusServiceUnavailable, "database unavailable")
-			return
-		}
-		defer func() { _ = own.Rollback(context.WithoutCancel(ctx)) }()
-		tx = own
+	tx, ok, done := s.begin(w, r)
+	if done {
+		return
 	}
 	order := OrderPlaced{OrderID: "o-" + uuid.Must(uuid.NewV7()).String(), Customer: in.Customer, TotalCents: in.TotalCents}
 	if err := s.write(ctx, tx, order); err != nil {
@@ -70,7 +60,7 @@ func (s *orderService) create(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !ok {
-		if err := tx.Commit(ctx); err != nil {
+		if err := tx.Commit(); err != nil {
 			writeProblem(w, http.StatusInternalServerError, "commit: "+err.Error())
 			return
 		}
@@ -78,14 +68,37 @@ func (s *orderService) create(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, map[string]string{"id": order.OrderID, "status": "placed"})
 }
 
+// begin returns the request's transaction: with an Idempotency-Key, the one the idempotency
+// middleware began (the order commits together with the recorded response, ok is true); without,
+// a transaction of its own, rolled back when the request ends unless committed. done is true when
+// it answered the request with an error.
+func (s *orderService) begin(w http.ResponseWriter, r *http.Request) (tx *sql.Tx, ok, done bool) {
+	ctx := r.Context()
+	tx, ok, err := outboxkit.TxFrom[*sql.Tx](ctx)
+	if err != nil {
+		writeProblem(w, http.StatusInternalServerError, err.Error())
+		return nil, false, true
+	}
+	if ok {
+		return tx, true, false
+	}
+	// database/sql rolls the transaction back when the request's context ends, unless committed.
+	tx, err = s.b.db.SQL.BeginTx(ctx, nil)
+	if err != nil {
+		writeProblem(w, http.StatusServiceUnavailable, "database unavailable: "+err.Error())
+		return nil, false, true
+	}
+	return tx, false, false
+}
+
 // write inserts the order and publishes its event into the outbox in tx.
 //
 // The order's row is written first: for a new aggregate the INSERT is the lock — a concurrent
 // writer of the same id waits on its key until this transaction ends — so the outbox row, written
 // after it, takes its place in the key's order behind everything committed before.
-func (s *orderService) write(ctx context.Context, tx pgx.Tx, o OrderPlaced) error {
-	if _, err := tx.Exec(ctx, `INSERT INTO `+s.schema+`.orders (id, customer, total_cents) VALUES ($1, $2, $3)`,
-		o.OrderID, o.Customer, o.TotalCents); err != nil {
+func (s *orderService) write(ctx context.Context, tx *sql.Tx, o OrderPlaced) error {
+	if _, err := tx.ExecContext(ctx, s.b.q(`INSERT INTO {{t}}.orders (id, customer, total_cents, created_at) VALUES (?, ?, ?, ?)`),
+		o.OrderID, o.Customer, o.TotalCents, s.b.now()); err != nil {
 		return fmt.Errorf("insert order: %w", err)
 	}
 	msg, err := pipeline.NewJSONEvent("OrderPlaced", o.OrderID, o)
@@ -99,9 +112,9 @@ func (s *orderService) write(ctx context.Context, tx pgx.Tx, o OrderPlaced) erro
 	return s.publish(ctx, tx, msg)
 }
 
-func (s *orderService) publish(ctx context.Context, tx pgx.Tx, msg *message.Message) error {
+func (s *orderService) publish(ctx context.Context, tx *sql.Tx, msg *message.Message) error {
 	msg.SetContext(ctx) // the request's trace context is stored with the row
-	pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: s.schema})
+	pub, err := pipeline.NewPublisher(s.b.db, tx, pipeline.PublisherConfig{})
 	if err != nil {
 		return err
 	}
@@ -111,28 +124,32 @@ func (s *orderService) publish(ctx context.Context, tx pgx.Tx, msg *message.Mess
 // cancel is POST /orders/{id}/cancel: an update of an existing aggregate. Its row is locked and its
 // version bumped by the UPDATE before the event is written, so two concurrent changes of one order
 // commit their events in the order of their versions: the second waits for the first's lock, then
-// sees its version.
+// sees its version. (The UPDATE, then a read in the same transaction: MySQL has no UPDATE …
+// RETURNING.)
 func (s *orderService) cancel(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	tx, ok := idempotency.TxFrom(ctx)
-	if !ok {
-		own, err := s.pool.Begin(ctx)
-		if err != nil {
-			writeProblem(w, http.StatusServiceUnavailable, "database unavailable")
-			return
-		}
-		defer func() { _ = own.Rollback(context.WithoutCancel(ctx)) }()
-		tx = own
+	tx, ok, done := s.begin(w, r)
+	if done {
+		return
 	}
 	o := OrderPlaced{OrderID: r.PathValue("id")}
-	var version int64
-	err := tx.QueryRow(ctx, `UPDATE `+s.schema+`.orders SET status = 'cancelled', version = version + 1
-		WHERE id = $1 AND status = 'placed' RETURNING version, customer, total_cents`, o.OrderID).Scan(&version, &o.Customer, &o.TotalCents)
-	if errors.Is(err, pgx.ErrNoRows) {
+	res, err := tx.ExecContext(ctx, s.b.q(`UPDATE {{t}}.orders SET status = 'cancelled', version = version + 1
+		WHERE id = ? AND status = 'placed'`), o.OrderID)
+	var n int64
+	if err == nil {
+		n, err = res.RowsAffected()
+	}
+	if err != nil {
+		writeProblem(w, http.StatusInternalServerError, err.Error())
+		return
+	}
+	if n == 0 {
 		writeProblem(w, http.StatusConflict, "no placed order "+o.OrderID+" to cancel (unknown, or cancelled already)")
 		return
 	}
-	if err != nil {
+	var version int64
+	if err := tx.QueryRowContext(ctx, s.b.q(`SELECT version, customer, total_cents FROM {{t}}.orders WHERE id = ?`), o.OrderID).
+		Scan(&version, &o.Customer, &o.TotalCents); err != nil {
 		writeProblem(w, http.StatusInternalServerError, err.Error())
 		return
 	}
@@ -142,7 +159,7 @@ func (s *orderService) cancel(w http.ResponseWriter, r *http.Request) {
 		err = s.publish(ctx, tx, msg)
 	}
 	if err == nil && !ok {
-		err = tx.Commit(ctx)
+		err = tx.Commit()
 	}
 	if err != nil {
 		writeProblem(w, http.StatusInternalServerError, err.Error())
@@ -166,9 +183,10 @@ func (s *orderService) get(w http.ResponseWriter, r *http.Request) {
 	var customer string
 	var total int
 	var created any
-	err := s.pool.QueryRow(ctx, `SELECT customer, total_cents, created_at FROM `+s.schema+`.orders WHERE id = $1`, id).
+	db := s.b.db.SQL
+	err := db.QueryRowContext(ctx, s.b.q(`SELECT customer, total_cents, created_at FROM {{t}}.orders WHERE id = ?`), id).
 		Scan(&customer, &total, &created)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(err, sql.ErrNoRows) {
 		writeProblem(w, http.StatusNotFound, "no order "+id)
 		return
 	}
@@ -176,16 +194,19 @@ func (s *orderService) get(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
+	if b, isBytes := created.([]byte); isBytes {
+		created = string(b)
+	}
 	v.Order = map[string]any{"id": id, "customer": customer, "total_cents": total, "created_at": created}
 
 	var uuidStr, state string
 	var attempts int
 	var lastError *string
-	err = s.pool.QueryRow(ctx, `SELECT uuid, CASE WHEN published_at IS NOT NULL THEN 'published'
+	err = db.QueryRowContext(ctx, s.b.q(`SELECT uuid, CASE WHEN published_at IS NOT NULL THEN 'published'
 			WHEN dead_lettered_at IS NOT NULL THEN 'dead-lettered' ELSE 'pending' END, attempts, last_error
-		FROM `+s.schema+`.outbox WHERE partition_key = $1 ORDER BY seq LIMIT 1`, id).Scan(&uuidStr, &state, &attempts, &lastError)
+		FROM {{t}}.outbox WHERE partition_key = ? ORDER BY seq LIMIT 1`), id).Scan(&uuidStr, &state, &attempts, &lastError)
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
+	case errors.Is(err, sql.ErrNoRows):
 		v.Event = map[string]any{"state": "pruned (published and past retention)"}
 	case err != nil:
 		writeProblem(w, http.StatusServiceUnavailable, err.Error())
@@ -196,15 +217,15 @@ func (s *orderService) get(w http.ResponseWriter, r *http.Request) {
 
 	v.Consumers = map[string]map[string]any{}
 	for _, c := range consumerNames {
-		var done, dead bool
-		_ = s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.schema+`.`+c.table+` WHERE order_id = $1)`, id).Scan(&done)
-		_ = s.pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+s.schema+`.dead_letters WHERE consumer = $1 AND message_id = $2 AND replayed_at IS NULL)`,
+		var done, dead int
+		_ = db.QueryRowContext(ctx, s.b.q(`SELECT count(*) FROM {{t}}.`+c.table+` WHERE order_id = ?`), id).Scan(&done)
+		_ = db.QueryRowContext(ctx, s.b.q(`SELECT count(*) FROM {{t}}.dead_letters WHERE consumer = ? AND message_id = ? AND replayed_at IS NULL`),
 			c.name, uuidStr).Scan(&dead)
 		status := "waiting"
 		switch {
-		case done:
+		case done > 0:
 			status = c.effect
-		case dead:
+		case dead > 0:
 			status = "dead-lettered"
 		}
 		v.Consumers[c.name] = map[string]any{"status": status}

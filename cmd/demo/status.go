@@ -4,10 +4,8 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/middleware"
 )
 
@@ -23,18 +21,18 @@ type snapshot struct {
 	OldestAgeSec float64
 }
 
-func takeSnapshot(ctx context.Context, pool *pgxpool.Pool, ob *forwarder.Outbox, schemaName string) (snapshot, error) {
+func takeSnapshot(ctx context.Context, b *business) (snapshot, error) {
 	s := snapshot{Processed: map[string]int64{}}
-	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM `+schemaName+`.orders),
-		(SELECT count(*) FROM `+schemaName+`.outbox WHERE published_at IS NOT NULL)`).Scan(&s.Orders, &s.Published); err != nil {
+	if err := b.db.SQL.QueryRowContext(ctx, b.q(`SELECT (SELECT count(*) FROM {{t}}.orders),
+		(SELECT count(*) FROM {{t}}.outbox WHERE published_at IS NOT NULL)`)).Scan(&s.Orders, &s.Published); err != nil {
 		return s, err
 	}
-	st, err := ob.Stats(ctx)
+	st, err := b.db.OutboxStats(ctx, time.Now())
 	if err != nil {
 		return s, err
 	}
 	s.Pending, s.DeadLetters, s.OldestAgeSec = st.Pending, st.DeadLettered, st.OldestPendingAge.Seconds()
-	consumers, err := middleware.Stats(ctx, pool, schemaName)
+	consumers, err := middleware.Stats(ctx, b.db)
 	if err != nil {
 		return s, err
 	}
