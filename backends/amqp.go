@@ -515,7 +515,6 @@ func openAMQP(rawURL string, opts Options) (*Backend, error) {
 	}
 	return &Backend{
 		Publisher: pub,
-		Features:  Features{PerKeyOrder: "queue", Persistent: true, ConsumerGroups: true},
 		newSubscriber: func(group string) (Subscriber, error) {
 			sub, err := NewAMQPSubscriber(AMQPSubscriberConfig{URL: rawURL, ConsumerGroup: group, Prefetch: opts.Prefetch,
 				QuorumQueues: opts.QuorumQueues, Logger: opts.Logger})

@@ -10,7 +10,10 @@ import (
 )
 
 // openMemory is Watermill's GoChannel: in-process, nothing survives the process. Every
-// subscription gets every message; there are no competing consumers.
+// subscription gets every message; there are no competing consumers, and no order: GoChannel
+// hands each message to each subscription in a goroutine of its own (its ordered mode makes a
+// publish wait for every subscription's ack, which stalls the relay behind the slowest consumer).
+// For demos and tests.
 func openMemory(rawURL string, opts Options) (*Backend, error) {
 	if rawURL != "memory://" {
 		return nil, errors.New("memory:// takes nothing after the scheme")
@@ -18,7 +21,6 @@ func openMemory(rawURL string, opts Options) (*Backend, error) {
 	bus := gochannel.NewGoChannel(gochannel.Config{Persistent: true, OutputChannelBuffer: 1024}, opts.Logger)
 	return &Backend{
 		Publisher: metadataFormat{Publisher: bus, wire: newWireFormat(opts)},
-		Features:  Features{PerKeyOrder: "queue"},
 		newSubscriber: func(string) (Subscriber, error) {
 			s := &memorySubscriber{bus: bus}
 			s.relays.transform = func(msg *message.Message) { adoptForeign(msg, metadataAttrs(msg.Metadata, cePrefixOther, "")) }

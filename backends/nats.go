@@ -61,7 +61,6 @@ func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error
 	}, streamConfig: streamConfig, ensured: map[string]bool{}}
 	return &Backend{
 		Publisher: pub,
-		Features:  Features{PerKeyOrder: "queue", BrokerDedup: true, Persistent: true, ConsumerGroups: true},
 		newSubscriber: func(group string) (Subscriber, error) {
 			conn, err := connect("outboxkit-" + group)
 			if err != nil {

@@ -77,20 +77,6 @@ type Options struct {
 	PostgresStockTableNames bool
 }
 
-// Features says what a backend guarantees, for documentation and for tests.
-type Features struct {
-	// PerKeyOrder is where the broker keeps per-key order: "partition" (Kafka, by key),
-	// "queue" (one queue or stream per consumer group, in publish order), "none".
-	PerKeyOrder string
-	// BrokerDedup is set when the broker itself drops a duplicate publish of a message id.
-	BrokerDedup bool
-	// Persistent is set when messages survive a broker restart.
-	Persistent bool
-	// ConsumerGroups is set when consumers of one group share the messages (competing consumers);
-	// otherwise every subscription gets every message.
-	ConsumerGroups bool
-}
-
 // Backend is a broker opened from a URL: a Publisher for the forwarder and a subscriber per
 // consumer group for the consumers, with at-least-once settings on.
 type Backend struct {
@@ -99,8 +85,6 @@ type Backend struct {
 	// Publisher publishes with the broker's confirms; errors that mean the broker could not be
 	// reached are marked outboxkit.Transport.
 	Publisher message.Publisher
-	// Features are the backend's guarantees.
-	Features Features
 
 	newSubscriber func(group string) (Subscriber, error)
 	mu            sync.Mutex
@@ -109,7 +93,7 @@ type Backend struct {
 }
 
 // NewSubscriber returns a subscriber for one consumer group: every group gets every message of a
-// topic; consumers of one group share them (see Features.ConsumerGroups). It connects on first
+// topic; consumers of one group share them, where the broker has consumer groups. It connects on first
 // use; a first Subscribe while the broker is down returns a channel at once and subscribes in the
 // background when the broker answers. Close it when done.
 func (b *Backend) NewSubscriber(consumerGroup string) (Subscriber, error) {

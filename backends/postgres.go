@@ -54,7 +54,6 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 	}
 	return &Backend{
 		Publisher: classifyingPublisher{Publisher: metadataFormat{Publisher: pub, wire: newWireFormat(opts)}, classify: classifyPostgres},
-		Features:  Features{PerKeyOrder: "queue", Persistent: true, ConsumerGroups: true},
 		newSubscriber: func(group string) (Subscriber, error) {
 			sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
 				ConsumerGroup: group, SchemaAdapter: adapter, OffsetsAdapter: offsets,

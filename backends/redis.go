@@ -32,7 +32,6 @@ func openRedis(ctx context.Context, rawURL string, opts Options) (*Backend, erro
 	}
 	return &Backend{
 		Publisher: classifyingPublisher{Publisher: pub, classify: classifyRedis},
-		Features:  Features{PerKeyOrder: "queue", Persistent: true, ConsumerGroups: true},
 		newSubscriber: func(group string) (Subscriber, error) {
 			client := redis.NewClient(ropts)
 			sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{

@@ -27,12 +27,12 @@ func TestAlertsReadMetricsThatExist(t *testing.T) {
 	t.Parallel()
 	pg := testenv.NewPG(t)
 	reg := prometheus.NewRegistry()
-	writeEvents(t, pg, "orders", []string{"k"}, 1)
-	relay := newRelay(t, pg, nopPublisher{}, func(c *forwarder.Config) { c.Registerer = reg })
+	writeEvents(t, pgDB(pg), "orders", []string{"k"}, 1)
+	relay := newRelay(t, pgDB(pg), nopPublisher{}, func(c *forwarder.Config) { c.Registerer = reg })
 	if _, err := relay.DispatchBatch(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	stack, err := middleware.Stack(middleware.StackConfig{Pool: pg.Pool, Schema: string(pg.Schema), Consumer: "billing", Registerer: reg})
+	stack, err := middleware.Stack(middleware.StackConfig{Store: pg.Store, Consumer: "billing", Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

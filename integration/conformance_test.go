@@ -11,12 +11,10 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
-	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/middleware"
 )
@@ -75,14 +73,50 @@ func TestConformance_EveryBackend(t *testing.T) {
 			mu.Unlock()
 		})
 	}
+	t.Log(conformanceTable(results))
+}
+
+// The conformance run through RabbitMQ on every other store (TestConformance_EveryBackend runs it
+// on Postgres through pgx), and on SQLite also through the in-process broker — the embedded
+// setup, where no consumer crash is staged: the memory broker keeps nothing for a stopped one.
+func TestConformance_EveryStore(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		results []conformanceResult
+	)
+	amqp, memory := backendCases[0], backendCases[len(backendCases)-1]
+	if amqp.scheme != "amqp" || memory.scheme != "memory" {
+		t.Fatalf("backendCases starts with %s and ends with %s; want amqp and memory", amqp.scheme, memory.scheme)
+	}
+	opens := everyStore(t)
+	type run struct {
+		store int
+		bc    backendCase
+		crash bool
+	}
+	runs := []run{{1, amqp, true}, {2, amqp, true}, {3, amqp, true}, {3, memory, false}}
+	for _, r := range runs {
+		t.Run(storeNames[r.store]+"/"+r.bc.scheme, func(t *testing.T) {
+			t.Parallel()
+			res := conformanceRun(t, opens[r.store](t), r.bc, r.crash)
+			mu.Lock()
+			results = append(results, res)
+			mu.Unlock()
+		})
+	}
+	t.Cleanup(func() { t.Log(conformanceTable(results)) })
+}
+
+// conformanceTable prints the results of conformance runs.
+func conformanceTable(results []conformanceResult) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nconformance: %d events over %d keys, every 10th published twice, billing crashed midway\n", conformanceEvents, conformanceKeys)
-	fmt.Fprintf(&b, "%-9s %9s %9s %10s %9s %12s %12s %8s\n", "backend", "shipping", "billing", "dup. sent", "absorbed", "inv. ship", "inv. bill", "time")
+	fmt.Fprintf(&b, "\nconformance: %d events over %d keys, every 10th published twice, billing crashed midway (except on memory)\n", conformanceEvents, conformanceKeys)
+	fmt.Fprintf(&b, "%-24s %9s %9s %10s %9s %12s %12s %8s\n", "backend on store", "shipping", "billing", "dup. sent", "absorbed", "inv. ship", "inv. bill", "time")
 	for _, r := range results {
-		fmt.Fprintf(&b, "%-9s %9d %9d %10d %9d %12d %12d %7.1fs\n", r.backend, r.effects["shipping"], r.effects["billing"],
+		fmt.Fprintf(&b, "%-24s %9d %9d %10d %9d %12d %12d %7.1fs\n", r.backend, r.effects["shipping"], r.effects["billing"],
 			r.duplicatesPublished, r.duplicatesAbsorbed, r.inversions["shipping"], r.inversions["billing"], r.elapsed.Seconds())
 	}
-	t.Log(b.String())
+	return b.String()
 }
 
 // keepsOrderThroughCrash says where per-key order must hold even across the consumer crash: the
@@ -90,9 +124,14 @@ func TestConformance_EveryBackend(t *testing.T) {
 var keepsOrderThroughCrash = map[string]bool{"amqp": true, "kafka": true, "postgres": true}
 
 func runConformance(t *testing.T, bc backendCase) conformanceResult {
-	pg := testenv.NewPG(t)
+	return conformanceRun(t, pgDB(testenv.NewPG(t)), bc, true)
+}
+
+// conformanceRun sends the events of the conformance run through db and bc's broker; with crash,
+// the billing consumer is stopped halfway, as a crash would, and started again.
+func conformanceRun(t *testing.T, db testDB, bc backendCase, crash bool) conformanceResult {
 	url := bc.url(t)
-	createEffects(t, pg)
+	createEffects(t, db)
 	b := openBackend(t, url, bc.opts)                  // redis: a 2s ClaimAfter, so the crashed consumer's pending messages move on quickly
 	topic := testenv.UniqueName(t, "conf") + ".placed" // dotted, as topics usually are
 	dropWhenDone(t, bc.scheme, url, []string{topic}, []string{"shipping", "billing"})
@@ -105,26 +144,28 @@ func runConformance(t *testing.T, bc backendCase) conformanceResult {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	consume := func(group string) (stop func()) { return startEffectConsumer(t, ctx, pg, b, topic, group) }
+	consume := func(group string) (stop func()) { return startEffectConsumer(t, ctx, db, b, topic, group) }
 	consume("shipping")
 	stopBilling := consume("billing")
 
-	writeEvents(t, pg, topic, keys(conformanceKeys), conformanceEvents/conformanceKeys)
+	writeEvents(t, db, topic, keys(conformanceKeys), conformanceEvents/conformanceKeys)
 	pub := &duplicatingPublisher{Publisher: b.Publisher}
-	relay := newRelay(t, pg, pub, func(c *forwarder.Config) { c.BatchSize = 200 })
+	relay := newRelay(t, db, pub, func(c *forwarder.Config) { c.BatchSize = 200 })
 	run(t, relay)
 
-	count := func(group string) int { return countEffects(t, pg, group) }
-	testenv.Eventually(t, 120*time.Second, "billing to be halfway", func() bool { return count("billing") >= conformanceEvents/2 })
-	stopBilling()      // the crash: messages in flight are redelivered to the next billing process
-	consume("billing") // the restarted process; the test's cleanup stops it
+	count := func(group string) int { return countEffects(t, db, group) }
+	if crash {
+		testenv.Eventually(t, 120*time.Second, "billing to be halfway", func() bool { return count("billing") >= conformanceEvents/2 })
+		stopBilling()      // the crash: messages in flight are redelivered to the next billing process
+		consume("billing") // the restarted process; the test's cleanup stops it
+	}
 
 	for _, g := range []string{"shipping", "billing"} {
 		testenv.Eventually(t, 180*time.Second, g+" to apply every event", func() bool { return count(g) >= conformanceEvents })
 	}
-	res := conformanceResult{backend: bc.scheme, effects: map[string]int{}, inversions: map[string]int{},
+	res := conformanceResult{backend: bc.scheme + " on " + db.Name(), effects: map[string]int{}, inversions: map[string]int{},
 		duplicatesPublished: pub.dups.Load(), elapsed: time.Since(start)}
-	stats, err := middleware.Stats(context.Background(), pg.Pool, string(pg.Schema))
+	stats, err := middleware.Stats(context.Background(), db.Store())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -137,14 +178,14 @@ func runConformance(t *testing.T, bc backendCase) conformanceResult {
 			t.Errorf("%s applied %d effects, want exactly %d", g, res.effects[g], conformanceEvents)
 		}
 		// An inversion: a key's event applied after a later event of the same key.
-		res.inversions[g] = pg.Int(t, `SELECT count(*) FROM (SELECT seq < max(seq) OVER (PARTITION BY key ORDER BY n
-			ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS inverted FROM {{schema}}.effects WHERE consumer = $1) AS x
-			WHERE inverted`, g)
+		res.inversions[g] = db.Int(t, `SELECT count(*) FROM (SELECT CASE WHEN seq < max(seq) OVER (PARTITION BY pkey ORDER BY n
+			ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 1 ELSE 0 END AS inverted FROM {{schema}}.effects WHERE consumer = ?) AS x
+			WHERE inverted = 1`, g)
 	}
 	if res.inversions["shipping"] > 0 && bc.features.GuaranteedOrderWithSingleSubscriber {
 		t.Errorf("shipping (never crashed) applied %d events out of their key's order", res.inversions["shipping"])
 	}
-	if res.inversions["billing"] > 0 && keepsOrderThroughCrash[bc.scheme] {
+	if res.inversions["billing"] > 0 && (keepsOrderThroughCrash[bc.scheme] || !crash && bc.features.GuaranteedOrderWithSingleSubscriber) {
 		t.Errorf("billing applied %d events out of their key's order across the crash", res.inversions["billing"])
 	}
 	if res.duplicatesPublished == 0 {
@@ -154,17 +195,11 @@ func runConformance(t *testing.T, bc backendCase) conformanceResult {
 }
 
 // createEffects makes the table the effect consumers write to: one row per applied event.
-func createEffects(t *testing.T, pg *testenv.PG) {
-	pg.Exec(t, `CREATE TABLE {{schema}}.effects (n bigserial PRIMARY KEY, consumer text NOT NULL,
-		message_id text NOT NULL, key text NOT NULL, seq bigint NOT NULL, UNIQUE (consumer, message_id))`)
-}
+func createEffects(t *testing.T, db testDB) { db.Exec(t, effectsDDL(db.Dialect())) }
 
-func countEffects(t *testing.T, pg *testenv.PG, group string) int {
-	return pg.Int(t, `SELECT count(*) FROM {{schema}}.effects WHERE consumer = $1`, group)
+func countEffects(t *testing.T, db testDB, group string) int {
+	return db.Int(t, `SELECT count(*) FROM {{schema}}.effects WHERE consumer = ?`, group)
 }
-
-// msgKey carries the message itself to the handler, which records its id, key and sequence.
-type msgKey struct{}
 
 // effectConsumerOpt tunes startEffectConsumer: the middleware stack's config, or a hook the
 // handler calls first.
@@ -181,14 +216,14 @@ func withHook(fn func(*message.Message)) effectConsumerOpt { return effectConsum
 // startEffectConsumer runs a consumer group behind the full middleware stack whose effect is a
 // row in effects (unique per consumer and message: a duplicate effect fails loudly). stop ends it
 // as a crash would, without acknowledging what it holds.
-func startEffectConsumer(t *testing.T, ctx context.Context, pg *testenv.PG, b *backends.Backend, topic, group string,
+func startEffectConsumer(t *testing.T, ctx context.Context, db testDB, b *backends.Backend, topic, group string,
 	opts ...effectConsumerOpt) (stop func()) {
 	t.Helper()
 	sub, err := b.NewSubscriber(group)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := middleware.StackConfig{Pool: pg.Pool, Schema: string(pg.Schema), Consumer: group, MaxRetries: -1}
+	cfg := middleware.StackConfig{Store: db.Store(), Consumer: group, MaxRetries: -1}
 	var hooks []func(*message.Message)
 	for _, o := range opts {
 		if o.stack != nil {
@@ -206,23 +241,15 @@ func startEffectConsumer(t *testing.T, ctx context.Context, pg *testenv.PG, b *b
 	if err != nil {
 		t.Fatal(err)
 	}
-	effects := pg.Schema.Ident() + ".effects"
-	h := router.AddConsumerHandler(group, topic, sub, handlers.JSON(func(ctx context.Context, tx pgx.Tx, _ map[string]any) error {
-		m := ctx.Value(msgKey{}).(*message.Message)
+	h := router.AddConsumerHandler(group, topic, sub, db.Effect(func(_ context.Context, m *message.Message) (string, []any) {
 		for _, hook := range hooks {
 			hook(m)
 		}
 		seq, _ := strconv.ParseInt(m.Metadata.Get(outboxkit.MetadataSeq), 10, 64)
-		_, err := tx.Exec(ctx, `INSERT INTO `+effects+` (consumer, message_id, key, seq) VALUES ($1, $2, $3, $4)`,
-			group, m.UUID, outboxkit.PartitionKey(m), seq)
-		return err
+		return `INSERT INTO {{schema}}.effects (consumer, message_id, pkey, seq) VALUES (?, ?, ?, ?)`,
+			[]any{group, m.UUID, outboxkit.PartitionKey(m), seq}
 	}))
-	h.AddMiddleware(append(stack, func(next message.HandlerFunc) message.HandlerFunc {
-		return func(m *message.Message) ([]*message.Message, error) {
-			m.SetContext(context.WithValue(m.Context(), msgKey{}, m))
-			return next(m)
-		}
-	})...)
+	h.AddMiddleware(stack...)
 	rctx, rcancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() { defer close(done); _ = router.Run(rctx) }()

@@ -32,7 +32,7 @@ func TestConsumer_DatabaseOutageBacksOffAndLosesNothing(t *testing.T) {
 			t.Parallel()
 			const perPhase, nKeys = 200, 10
 			pg := testenv.NewPG(t)
-			createEffects(t, pg)
+			createEffects(t, pgDB(pg))
 			proxy, proxied := testenv.ProxyURL(t, pg.URL)
 			pool, err := pgxpool.New(context.Background(), proxied)
 			if err != nil {
@@ -49,26 +49,26 @@ func TestConsumer_DatabaseOutageBacksOffAndLosesNothing(t *testing.T) {
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			startEffectConsumer(t, ctx, pg, b, topic, "app", withStack(func(cfg *middleware.StackConfig) { cfg.Pool = pool }))
-			run(t, newRelay(t, pg, b.Publisher))
+			startEffectConsumer(t, ctx, pgDB(pg), b, topic, "app", withStack(func(cfg *middleware.StackConfig) { cfg.Store = pg.StoreOn(t, pool) }))
+			run(t, newRelay(t, pgDB(pg), b.Publisher))
 
-			writeEvents(t, pg, topic, keys(nKeys), perPhase/nKeys)
-			testenv.Eventually(t, 60*time.Second, "the first events to be applied", func() bool { return countEffects(t, pg, "app") >= perPhase/2 })
+			writeEvents(t, pgDB(pg), topic, keys(nKeys), perPhase/nKeys)
+			testenv.Eventually(t, 60*time.Second, "the first events to be applied", func() bool { return countEffects(t, pgDB(pg), "app") >= perPhase/2 })
 
 			proxy.Cut()
 			before := proxy.Attempts()
-			writeEvents(t, pg, topic, keys(nKeys), perPhase/nKeys) // relayed while the consumer cannot reach its database
+			writeEvents(t, pgDB(pg), topic, keys(nKeys), perPhase/nKeys) // relayed while the consumer cannot reach its database
 			<-time.After(outage)                                   // the outage itself: a fault held for its duration, not a wait for a condition
 			attempts := proxy.Attempts() - before
 			proxy.Restore()
 
 			testenv.Eventually(t, 90*time.Second, "every event to be applied after the outage", func() bool {
-				return countEffects(t, pg, "app") >= 2*perPhase
+				return countEffects(t, pgDB(pg), "app") >= 2*perPhase
 			})
 			if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.dead_letters`); n != 0 {
 				t.Fatalf("%d messages were quarantined because the database was unreachable; an outage must only delay", n)
 			}
-			if n := countEffects(t, pg, "app"); n != 2*perPhase {
+			if n := countEffects(t, pgDB(pg), "app"); n != 2*perPhase {
 				t.Fatalf("%d effects, want exactly %d", n, 2*perPhase)
 			}
 			max := pg.Int(t, `SELECT coalesce(max(deliveries), 0) FROM {{schema}}.inbox_deliveries`)

@@ -18,10 +18,10 @@ import (
 
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/handlers"
-	"github.com/outboxkit/outboxkit/internal/schema"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
 type shipment struct {
@@ -39,12 +39,12 @@ func effectsTable(t testing.TB, pg *testenv.PG) {
 }
 
 // startConsumer subscribes before returning, so that what is published next reaches it.
-func startConsumer(t testing.TB, pool *pgxpool.Pool, schemaName, amqpURL, topic, group string,
+func startConsumer(t testing.TB, s *pgxstore.Store, amqpURL, topic, group string,
 	hook func(msg *message.Message, s shipment) error, tune func(*middleware.StackConfig)) *consumer {
 	t.Helper()
 	c := &consumer{}
 	cfg := middleware.StackConfig{
-		Pool: pool, Schema: schemaName, Consumer: group, MaxDeliveries: 3, MaxRetries: -1,
+		Store: s, Consumer: group, MaxDeliveries: 3, MaxRetries: -1,
 	}
 	if tune != nil {
 		tune(&cfg)
@@ -61,7 +61,7 @@ func startConsumer(t testing.TB, pool *pgxpool.Pool, schemaName, amqpURL, topic,
 	if err != nil {
 		t.Fatal(err)
 	}
-	effectsIdent := schema.MustParse(schemaName).Ident() + ".effects"
+	effectsIdent := `"` + s.Info().Namespace + `".effects`
 	handler := router.AddConsumerHandler(group, topic, sub, func(msg *message.Message) error {
 		return handlers.JSON(func(ctx context.Context, tx pgx.Tx, s shipment) error {
 			c.handled.Add(1)
@@ -143,7 +143,7 @@ func TestConsumer_PoisonThroughRabbitMQ(t *testing.T) {
 			msgs := publishShipments(t, url, topic, append([]string{kind}, goods(100)...)...)
 			poison := msgs[0]
 			var poisonDeliveries atomic.Int32
-			startConsumer(t, pg.Pool, string(pg.Schema), url, topic, "shipping", func(msg *message.Message, s shipment) error {
+			startConsumer(t, pg.Store, url, topic, "shipping", func(msg *message.Message, s shipment) error {
 				if s.ID == "always failing" {
 					poisonDeliveries.Add(1)
 					return errors.New("payment provider timeout")
@@ -180,7 +180,7 @@ func TestConsumer_RedeliveryIsCounted(t *testing.T) {
 	msg := publishShipments(t, url, topic, "flaky")[0]
 	var seen []int
 	var calls atomic.Int32
-	startConsumer(t, pg.Pool, string(pg.Schema), url, topic, "shipping", func(m *message.Message, s shipment) error {
+	startConsumer(t, pg.Store, url, topic, "shipping", func(m *message.Message, s shipment) error {
 		seen = append(seen, middleware.Deliveries(m.Context()))
 		if calls.Add(1) == 1 {
 			return errors.New("first attempt fails")
@@ -257,13 +257,13 @@ func TestHelperCrashyConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	startConsumer(t, pool, schemaName, amqpURL, topic, "crashy", func(msg *message.Message, s shipment) error {
+	startConsumer(t, pgStore(t, pool, schemaName), amqpURL, topic, "crashy", func(msg *message.Message, s shipment) error {
 		if s.ID == "crash" {
 			os.Exit(7) // the process dies mid-handler, its transaction open
 		}
 		return nil
 	}, nil)
-	effects := schema.MustParse(schemaName).Ident() + ".effects"
+	effects := `"` + schemaName + `".effects`
 	testenv.Eventually(t, 60*time.Second, "the good messages", func() bool {
 		var n int
 		_ = pool.QueryRow(context.Background(), `SELECT count(DISTINCT message_id) FROM `+effects+` WHERE consumer = 'crashy'`).Scan(&n)

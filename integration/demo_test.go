@@ -391,3 +391,39 @@ func TestDemo_CancelLocksTheOrderAndCarriesTheNextVersion(t *testing.T) {
 			pg.Int(t, `SELECT count(*) FROM {{schema}}.search_entries WHERE document LIKE '%cancelled'`) == 1
 	})
 }
+
+// The README's first command needs no server: the demo's defaults (a SQLite file, the in-process
+// broker) run 200 orders through every consumer in a network namespace of its own, where no
+// database or broker of this machine can be reached.
+func TestDemo_DefaultNeedsNoServer(t *testing.T) {
+	t.Parallel()
+	demo, _ := binaries(t)
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Fatalf("unshare (util-linux) is needed to cut the demo off every server: %v", err)
+	}
+	dir := t.TempDir()
+	// In the namespace: loopback up (the demo serves HTTP on it), then prove that Postgres,
+	// MariaDB and RabbitMQ are out of reach, then run the demo with its defaults.
+	script := `ip link set lo up || exit 90
+for port in 5432 3306 5672; do
+  if (exec 3<>/dev/tcp/127.0.0.1/$port) 2>/dev/null; then echo "port $port reachable in the namespace"; exit 91; fi
+done
+exec "$0" --addr 127.0.0.1:0 --status-every 0`
+	cmd := exec.Command("unshare", "-rn", "bash", "-c", script, demo)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "OUTBOXKIT_DATABASE_URL=", "OUTBOXKIT_BROKER_URL=")
+	start := time.Now()
+	out, err := cmd.CombinedOutput()
+	elapsed := time.Since(start)
+	if err != nil {
+		t.Fatalf("the demo with no server: %v after %s\n%s", err, elapsed, out)
+	}
+	want := "done: 200 orders placed; shipping 200, billing 200, search 200, duplicates absorbed 0, dead letters 0."
+	if !strings.Contains(string(out), want) {
+		t.Fatalf("the demo's output lacks %q:\n%s", want, out)
+	}
+	if _, err := os.Stat(filepath.Join(dir, ".cache", "outboxkit-demo.db")); err != nil {
+		t.Fatalf("the demo's database is not under .cache: %v", err)
+	}
+	t.Logf("200 orders through the embedded demo in %s (includes start-up)", elapsed.Round(10*time.Millisecond))
+}

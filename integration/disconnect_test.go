@@ -41,7 +41,7 @@ func TestDisconnect_EveryBackendResumesByItself(t *testing.T) {
 func runDisconnect(t *testing.T, scheme string, proxy *testenv.Proxy, url string, opts backends.Options) {
 	const perPhase, nKeys = 200, 10
 	pg := testenv.NewPG(t)
-	createEffects(t, pg)
+	createEffects(t, pgDB(pg))
 	b := openBackend(t, url, opts)
 	topic := testenv.UniqueName(t, "disc") + ".placed"
 	dropWhenDone(t, scheme, url, []string{topic}, []string{"app"})
@@ -50,17 +50,17 @@ func runDisconnect(t *testing.T, scheme string, proxy *testenv.Proxy, url string
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	startEffectConsumer(t, ctx, pg, b, topic, "app")
-	relay := newRelay(t, pg, b.Publisher, func(c *forwarder.Config) {
+	startEffectConsumer(t, ctx, pgDB(pg), b, topic, "app")
+	relay := newRelay(t, pgDB(pg), b.Publisher, func(c *forwarder.Config) {
 		c.PublishTimeout = 2 * time.Second // a publish into the cut connection gives up soon
 	})
 	run(t, relay)
 
-	writeEvents(t, pg, topic, keys(nKeys), perPhase/nKeys)
-	testenv.Eventually(t, 60*time.Second, "the first events to be applied", func() bool { return countEffects(t, pg, "app") >= perPhase/2 })
+	writeEvents(t, pgDB(pg), topic, keys(nKeys), perPhase/nKeys)
+	testenv.Eventually(t, 60*time.Second, "the first events to be applied", func() bool { return countEffects(t, pgDB(pg), "app") >= perPhase/2 })
 
 	proxy.Cut()
-	writeEvents(t, pg, topic, keys(nKeys), perPhase/nKeys) // written during the outage
+	writeEvents(t, pgDB(pg), topic, keys(nKeys), perPhase/nKeys) // written during the outage
 	testenv.Eventually(t, 60*time.Second, "the relay to notice the outage", func() bool { return relay.Health().CircuitOpen })
 	proxy.Restore()
 
@@ -68,7 +68,7 @@ func runDisconnect(t *testing.T, scheme string, proxy *testenv.Proxy, url string
 		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE dead_lettered_at IS NOT NULL`)
 	}
 	testenv.Eventually(t, 60*time.Second, "every event to be applied after the outage", func() bool {
-		return countEffects(t, pg, "app") >= 2*perPhase || dead() > 0
+		return countEffects(t, pgDB(pg), "app") >= 2*perPhase || dead() > 0
 	})
 	if n := dead(); n > 0 {
 		t.Fatalf("%d rows were dead-lettered during the outage: an unreachable broker must open the circuit, not fail messages", n)
@@ -76,7 +76,7 @@ func runDisconnect(t *testing.T, scheme string, proxy *testenv.Proxy, url string
 	testenv.Eventually(t, 30*time.Second, "the outbox to be drained", func() bool {
 		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE published_at IS NULL`) == 0
 	})
-	if n := countEffects(t, pg, "app"); n != 2*perPhase {
+	if n := countEffects(t, pgDB(pg), "app"); n != 2*perPhase {
 		t.Errorf("%d effects applied, want exactly %d", n, 2*perPhase)
 	}
 }

@@ -58,7 +58,7 @@ func TestConsumer_HandlerOutputSurvivesACrashAfterCommit(t *testing.T) {
 	}
 
 	// The consumer's own service relays its outbox, as the writer's does.
-	relay := newRelay(t, pg, amqpPublisher(t, url))
+	relay := newRelay(t, pgDB(pg), amqpPublisher(t, url))
 	run(t, relay)
 	downstream.WaitFor(t, 1, 30*time.Second)
 	testenv.Eventually(t, 30*time.Second, "the consumer's outbox to drain", func() bool {
@@ -93,7 +93,7 @@ func TestHelperEmittingConsumer(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	stack, err := middleware.Stack(middleware.StackConfig{Pool: pool, Schema: schemaName, Consumer: "billing", MaxRetries: -1})
+	stack, err := middleware.Stack(middleware.StackConfig{Store: pgStore(t, pool, schemaName), Consumer: "billing", MaxRetries: -1})
 	if err != nil {
 		t.Fatal(err)
 	}

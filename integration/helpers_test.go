@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outboxkit"
@@ -15,12 +16,12 @@ import (
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
 // writeEvents commits perKey events for each key on topic, in key order, 500 per transaction.
-func writeEvents(t testing.TB, pg *testenv.PG, topic string, keys []string, perKey int) []*message.Message {
+func writeEvents(t testing.TB, db testDB, topic string, keys []string, perKey int) []*message.Message {
 	t.Helper()
-	ctx := context.Background()
 	var all []*message.Message
 	for i := 0; i < perKey; i++ {
 		for _, k := range keys {
@@ -28,21 +29,7 @@ func writeEvents(t testing.TB, pg *testenv.PG, topic string, keys []string, perK
 		}
 	}
 	for start := 0; start < len(all); start += 500 {
-		end := min(start+500, len(all))
-		tx, err := pg.Pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: string(pg.Schema)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := pub.Publish(topic, all[start:end]...); err != nil {
-			t.Fatal(err)
-		}
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
+		db.Write(t, topic, all[start:min(start+500, len(all))])
 	}
 	return all
 }
@@ -65,12 +52,11 @@ func amqpPublisher(t testing.TB, url string) *backends.AMQPPublisher {
 	return pub
 }
 
-func newRelay(t testing.TB, pg *testenv.PG, pub message.Publisher, tune ...func(*forwarder.Config)) *forwarder.Forwarder {
+func newRelay(t testing.TB, db testDB, pub message.Publisher, tune ...func(*forwarder.Config)) *forwarder.Forwarder {
 	t.Helper()
 	cfg := forwarder.Config{
-		Pool:           pg.Pool,
+		Store:          db.Store(),
 		Publisher:      pub,
-		Schema:         string(pg.Schema),
 		PollInterval:   100 * time.Millisecond,
 		CircuitBackoff: forwarder.Backoff{Initial: 100 * time.Millisecond, Max: time.Second, Multiplier: 2},
 		Backoff:        forwarder.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2},
@@ -201,4 +187,14 @@ func metricValue(t testing.TB, reg *prometheus.Registry, name string, want map[s
 		}
 	}
 	return total
+}
+
+// pgStore is outboxkit's store in schema on pool, for a helper process attached to its parent's schema.
+func pgStore(t testing.TB, pool *pgxpool.Pool, schema string) *pgxstore.Store {
+	t.Helper()
+	s, err := pgxstore.New(pool, pgxstore.Config{Schema: schema})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }

@@ -24,7 +24,7 @@ func writeJSONEvents(t *testing.T, pg *testenv.PG, topic string, keys ...string)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: string(pg.Schema)})
+	pub, err := pipeline.NewPublisher(pg.Store, tx, pipeline.PublisherConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -44,7 +44,7 @@ func writeJSONEvents(t *testing.T, pg *testenv.PG, topic string, keys ...string)
 
 func drainRelay(t *testing.T, pg *testenv.PG, b *backends.Backend) {
 	t.Helper()
-	relay := newRelay(t, pg, b.Publisher)
+	relay := newRelay(t, pgDB(pg), b.Publisher)
 	for {
 		res, err := relay.DispatchBatch(context.Background())
 		if err != nil || res.TransportErr != nil || res.Failed > 0 {
@@ -63,14 +63,14 @@ func TestInterop_NodeAMQPProducerIntoTheInbox(t *testing.T) {
 	t.Parallel()
 	node, script := testenv.NodeAMQP(t)
 	pg := testenv.NewPG(t)
-	createEffects(t, pg)
+	createEffects(t, pgDB(pg))
 	url := testenv.AMQPURL(t)
 	topic := testenv.UniqueName(t, "node") + ".placed"
 	testenv.DeclareQueue(t, url, topic, "billing")
 	b := openBackend(t, url, backends.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	startEffectConsumer(t, ctx, pg, b, topic, "billing")
+	startEffectConsumer(t, ctx, pgDB(pg), b, topic, "billing")
 
 	plain := `{"body":"{\"order_id\":\"o-1\"}","options":{"messageId":"node-1","type":"OrderPlaced","contentType":"application/json"}}`
 	ce := `{"body":"{\"order_id\":\"o-2\"}","options":{"contentType":"application/json","headers":{"cloudEvents:specversion":"1.0",` +
@@ -81,12 +81,12 @@ func TestInterop_NodeAMQPProducerIntoTheInbox(t *testing.T) {
 		t.Fatalf("node producer: %v\n%s", err, out)
 	}
 	testenv.Eventually(t, 30*time.Second, "both Node.js messages to be applied and the repeat absorbed", func() bool {
-		return countEffects(t, pg, "billing") == 2 && pg.Int(t, `SELECT coalesce(sum(duplicates), 0) FROM {{schema}}.inbox`) == 1
+		return countEffects(t, pgDB(pg), "billing") == 2 && pg.Int(t, `SELECT coalesce(sum(duplicates), 0) FROM {{schema}}.inbox`) == 1
 	})
 	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.dead_letters`); n != 0 {
 		t.Fatalf("%d messages quarantined: a message without Watermill's UUID header must be read by its message_id or CloudEvents id", n)
 	}
-	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.effects WHERE (message_id, key) IN (('node-1', ''), ('node-ce-2', 'o-2'))`); n != 2 {
+	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.effects WHERE (message_id, pkey) IN (('node-1', ''), ('node-ce-2', 'o-2'))`); n != 2 {
 		t.Fatalf("the effects do not carry the producers' ids and partition key")
 	}
 }
@@ -152,13 +152,13 @@ func TestInterop_KcatBothWays(t *testing.T) {
 	t.Run("kcat produces into the inbox", func(t *testing.T) {
 		t.Parallel()
 		pg := testenv.NewPG(t)
-		createEffects(t, pg)
+		createEffects(t, pgDB(pg))
 		topic := testenv.UniqueName(t, "kcatin") + ".placed"
 		group := testenv.UniqueName(t, "g")
 		b := openBackend(t, url, kafkaOpts)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		startEffectConsumer(t, ctx, pg, b, topic, group)
+		startEffectConsumer(t, ctx, pgDB(pg), b, topic, group)
 		for i, id := range []string{"kcat-1", "kcat-2", "kcat-1"} { // the last one is a redelivery
 			cmd := exec.Command(kcat, "-P", "-b", broker, "-t", topic, "-k", fmt.Sprintf("o-%d", i%2+1),
 				"-H", "ce_specversion=1.0", "-H", "ce_id="+id, "-H", "ce_type=OrderPlaced", "-H", "ce_source=/kcat",
@@ -169,9 +169,9 @@ func TestInterop_KcatBothWays(t *testing.T) {
 			}
 		}
 		testenv.Eventually(t, 60*time.Second, "both kcat events applied and the repeat absorbed", func() bool {
-			return countEffects(t, pg, group) == 2 && pg.Int(t, `SELECT coalesce(sum(duplicates), 0) FROM {{schema}}.inbox`) == 1
+			return countEffects(t, pgDB(pg), group) == 2 && pg.Int(t, `SELECT coalesce(sum(duplicates), 0) FROM {{schema}}.inbox`) == 1
 		})
-		if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.effects WHERE (message_id, key) IN (('kcat-1', 'o-1'), ('kcat-2', 'o-2'))`); n != 2 {
+		if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.effects WHERE (message_id, pkey) IN (('kcat-1', 'o-1'), ('kcat-2', 'o-2'))`); n != 2 {
 			t.Fatalf("the effects do not carry kcat's ids and record keys")
 		}
 		if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.dead_letters`); n != 0 {

@@ -46,13 +46,13 @@ func TestKafka_ConsumerKilledRepeatedlyTheGroupSettles(t *testing.T) {
 		settleMax = 90 * time.Second
 	)
 	pg := testenv.NewPG(t)
-	createEffects(t, pg)
+	createEffects(t, pgDB(pg))
 	url := testenv.KafkaURL(t)
 	topic := testenv.UniqueName(t, "kill") + ".placed"
 	createKafkaTopic(t, url, topic, 4)
 	group := testenv.UniqueName(t, "app") // groups live on in the shared broker: one of the test's own
 	b := openBackend(t, url, kafkaOpts)
-	run(t, newRelay(t, pg, b.Publisher))
+	run(t, newRelay(t, pgDB(pg), b.Publisher))
 
 	start := func() *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperKafkaConsumer$", "-test.v")
@@ -71,23 +71,23 @@ func TestKafka_ConsumerKilledRepeatedlyTheGroupSettles(t *testing.T) {
 	written := 0
 	for round := 0; round < kills; round++ {
 		cmd := start()
-		writeEvents(t, pg, topic, keys(nKeys), perRound/nKeys)
+		writeEvents(t, pgDB(pg), topic, keys(nKeys), perRound/nKeys)
 		written += perRound
 		// Kill it at any moment: while it joins the group, while it consumes. The fault is held
 		// for its random span; nothing waits on a condition here.
 		<-time.After(time.Duration(300+rand.IntN(2700)) * time.Millisecond)
 		kill(cmd)
 	}
-	writeEvents(t, pg, topic, keys(nKeys), perRound/nKeys)
+	writeEvents(t, pgDB(pg), topic, keys(nKeys), perRound/nKeys)
 	written += perRound
 	final := start()
 	t.Cleanup(func() { kill(final) })
 	began := time.Now()
 	testenv.Eventually(t, settleMax, fmt.Sprintf("all %d events to be applied after %d kills", written, kills), func() bool {
-		return countEffects(t, pg, group) >= written
+		return countEffects(t, pgDB(pg), group) >= written
 	})
 	t.Logf("after %d kills the last consumer applied the backlog within %s", kills, time.Since(began).Round(100*time.Millisecond))
-	if n := countEffects(t, pg, group); n != written {
+	if n := countEffects(t, pgDB(pg), group); n != written {
 		t.Fatalf("%d effects, want exactly %d", n, written)
 	}
 }
@@ -102,7 +102,7 @@ func TestHelperKafkaConsumer(t *testing.T) {
 	p := strings.Split(spec, "|")
 	pg := testenv.AttachPG(t, p[0], p[1])
 	b := openBackend(t, p[2], kafkaOpts)
-	startEffectConsumer(t, context.Background(), pg, b, p[3], p[4])
+	startEffectConsumer(t, context.Background(), pgDB(pg), b, p[3], p[4])
 	select {} // until killed
 }
 
@@ -119,8 +119,8 @@ func TestKafka_RecordKeyIsThePartitionKeyAndKeysKeepTheirOrder(t *testing.T) {
 	topic := testenv.UniqueName(t, "keyed") + ".placed"
 	createKafkaTopic(t, url, topic, partitions)
 	b := openBackend(t, url, kafkaOpts)
-	relay := newRelay(t, pg, b.Publisher)
-	writeEvents(t, pg, topic, keys(nKeys), perKey)
+	relay := newRelay(t, pgDB(pg), b.Publisher)
+	writeEvents(t, pgDB(pg), topic, keys(nKeys), perKey)
 	for {
 		res, err := relay.DispatchBatch(context.Background())
 		if err != nil || res.TransportErr != nil {

@@ -26,7 +26,7 @@ func TestNATS_BlockedOrCutConsumerGetsItsMessagesBackSoon(t *testing.T) {
 		t.Run(fault, func(t *testing.T) {
 			t.Parallel()
 			pg := testenv.NewPG(t)
-			createEffects(t, pg)
+			createEffects(t, pgDB(pg))
 			url := testenv.NATSURL(t)
 			proxy, proxied := testenv.ProxyURL(t, url)
 			producer := openBackend(t, url, backends.Options{})
@@ -43,38 +43,38 @@ func TestNATS_BlockedOrCutConsumerGetsItsMessagesBackSoon(t *testing.T) {
 			release := make(chan struct{})
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			startEffectConsumer(t, ctx, pg, consumer, topic, group, withHook(func(*message.Message) {
+			startEffectConsumer(t, ctx, pgDB(pg), consumer, topic, group, withHook(func(*message.Message) {
 				if blocked.Load() {
 					<-release
 				}
 			}))
-			run(t, newRelay(t, pg, producer.Publisher))
+			run(t, newRelay(t, pgDB(pg), producer.Publisher))
 
-			writeEvents(t, pg, topic, keys(nKeys), perPhase/nKeys)
-			testenv.Eventually(t, 60*time.Second, "the first phase", func() bool { return countEffects(t, pg, group) >= perPhase })
+			writeEvents(t, pgDB(pg), topic, keys(nKeys), perPhase/nKeys)
+			testenv.Eventually(t, 60*time.Second, "the first phase", func() bool { return countEffects(t, pgDB(pg), group) >= perPhase })
 
 			switch fault {
 			case "blocked handler":
 				blocked.Store(true)
-				writeEvents(t, pg, topic, keys(nKeys), perPhase/nKeys)
+				writeEvents(t, pgDB(pg), topic, keys(nKeys), perPhase/nKeys)
 				<-time.After(8 * time.Second) // the fault, held: the handler sits on one message meanwhile
 				blocked.Store(false)
 				close(release)
 			case "cut connection":
 				close(release)
-				writeEvents(t, pg, topic, keys(nKeys), perPhase/nKeys)
+				writeEvents(t, pgDB(pg), topic, keys(nKeys), perPhase/nKeys)
 				testenv.Eventually(t, 60*time.Second, "the second phase to be under way", func() bool {
-					return countEffects(t, pg, group) > perPhase+perPhase/4
+					return countEffects(t, pgDB(pg), group) > perPhase+perPhase/4
 				})
 				proxy.Cut()
 				<-time.After(time.Second) // the fault, held
 				proxy.Restore()
 			}
 			began := time.Now()
-			testenv.Eventually(t, 90*time.Second, "every event to be applied", func() bool { return countEffects(t, pg, group) >= 2*perPhase })
+			testenv.Eventually(t, 90*time.Second, "every event to be applied", func() bool { return countEffects(t, pgDB(pg), group) >= 2*perPhase })
 			took := time.Since(began)
 			t.Logf("%s: the rest applied %s after the fault ended", fault, took.Round(100*time.Millisecond))
-			if n := countEffects(t, pg, group); n != 2*perPhase {
+			if n := countEffects(t, pgDB(pg), group); n != 2*perPhase {
 				t.Fatalf("%d effects, want exactly %d", n, 2*perPhase)
 			}
 			if fault == "blocked handler" {

@@ -14,6 +14,7 @@ import (
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // On every backend: a message is quarantined, an operator replays it at once, and the handler
@@ -42,7 +43,7 @@ func TestReplay_ArrivesOnEveryBackendRightAfterTheQuarantine(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			stack, err := middleware.Stack(middleware.StackConfig{Pool: pg.Pool, Schema: string(pg.Schema), Consumer: "billing", MaxRetries: -1})
+			stack, err := middleware.Stack(middleware.StackConfig{Store: pg.Store, Consumer: "billing", MaxRetries: -1})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -83,8 +84,8 @@ func TestReplay_ArrivesOnEveryBackendRightAfterTheQuarantine(t *testing.T) {
 				return pg.Int(t, `SELECT count(*) FROM {{schema}}.dead_letters WHERE message_id = $1`, msg.UUID) == 1
 			})
 			replayed, err := middleware.ReplayDeadLetters(context.Background(),
-				middleware.ReplayConfig{Pool: pg.Pool, Schema: string(pg.Schema), Publisher: b.Publisher},
-				middleware.DeadLetterFilter{MessageIDs: []string{msg.UUID}})
+				middleware.ReplayConfig{Store: pg.Store, Publisher: b.Publisher},
+				store.DeadLetterFilter{MessageIDs: []string{msg.UUID}})
 			if err != nil || len(replayed) != 1 {
 				t.Fatalf("replay = %d letters, %v", len(replayed), err)
 			}

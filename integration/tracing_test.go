@@ -46,7 +46,7 @@ func TestTracing_RequestToRelayToConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, _ := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: string(pg.Schema)})
+	pub, _ := pipeline.NewPublisher(pg.Store, tx, pipeline.PublisherConfig{})
 	msg := pipeline.NewEvent("OrderPlaced", "order-1", []byte(`{"id":"order-1"}`))
 	msg.SetContext(reqCtx)
 	if err := pub.Publish("orders", msg); err != nil {
@@ -62,13 +62,13 @@ func TestTracing_RequestToRelayToConsumer(t *testing.T) {
 
 	// The relay, in another process's life: a pass with no request context at all.
 	broker := &capturingPublisher{}
-	relay := newRelay(t, pg, broker, func(c *forwarder.Config) { c.TracerProvider = tp })
+	relay := newRelay(t, pgDB(pg), broker, func(c *forwarder.Config) { c.TracerProvider = tp })
 	if res, err := relay.DispatchBatch(ctx); err != nil || res.Published != 1 {
 		t.Fatalf("pass: %+v, %v", res, err)
 	}
 
 	// The consumer.
-	stack, err := middleware.Stack(middleware.StackConfig{Pool: pg.Pool, Schema: string(pg.Schema), Consumer: "billing", TracerProvider: tp})
+	stack, err := middleware.Stack(middleware.StackConfig{Store: pg.Store, Consumer: "billing", TracerProvider: tp})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -167,3 +167,14 @@ func newPG(t testing.TB, url string, schema Schema, pool *pgxpool.Pool) *PG {
 	}
 	return &PG{URL: url, Schema: schema, Pool: pool, DB: stdlib.OpenDBFromPool(pool), Store: st}
 }
+
+// StoreOn is outboxkit's store in the test's schema on a pool of the caller's (another process's
+// sessions, named to be killed, say).
+func (pg *PG) StoreOn(t testing.TB, pool *pgxpool.Pool) *pgxstore.Store {
+	t.Helper()
+	s, err := pgxstore.New(pool, pgxstore.Config{Schema: string(pg.Schema)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}

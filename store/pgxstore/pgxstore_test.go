@@ -47,47 +47,18 @@ func open(t *testing.T, cfg pgxstore.Config) *storetest.Env[pgx.Tx] {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sql := func(q string) string { return storetest.Rewrite(q, pg.Schema.Ident()+".", true) }
-	return &storetest.Env[pgx.Tx]{
-		Store: s,
-		Another: func(t *testing.T) store.Driver[pgx.Tx] {
-			pool, err := pgxpool.New(context.Background(), pg.URL)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(pool.Close)
-			other, err := pgxstore.New(pool, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return other
-		},
-		Begin:    func(ctx context.Context) (pgx.Tx, error) { return pg.Pool.Begin(ctx) },
-		Commit:   func(ctx context.Context, tx pgx.Tx) error { return tx.Commit(ctx) },
-		Rollback: func(ctx context.Context, tx pgx.Tx) error { return tx.Rollback(ctx) },
-		ExecTx: func(ctx context.Context, tx pgx.Tx, q string, args ...any) error {
-			_, err := tx.Exec(ctx, sql(q), args...)
-			return err
-		},
-		Exec: func(ctx context.Context, q string, args ...any) error {
-			_, err := pg.Pool.Exec(ctx, sql(q), args...)
-			return err
-		},
-		Int: func(ctx context.Context, q string, args ...any) (int, error) {
-			var n int
-			err := pg.Pool.QueryRow(ctx, sql(q), args...).Scan(&n)
-			return n, err
-		},
-		HoldRow: func(t *testing.T, seq int64) func() {
-			ctx := context.Background()
-			tx, err := pg.Pool.Begin(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, err := tx.Exec(ctx, sql(`SELECT 1 FROM {{schema}}.outbox WHERE seq = ? FOR UPDATE`), seq); err != nil {
-				t.Fatal(err)
-			}
-			return func() { _ = tx.Rollback(ctx) }
-		},
+	e := storetest.PgxEnv(pg.Pool, s, func(q string) string { return storetest.Rewrite(q, pg.Schema.Ident()+".", true) })
+	e.Another = func(t *testing.T) store.Driver[pgx.Tx] {
+		pool, err := pgxpool.New(context.Background(), pg.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		other, err := pgxstore.New(pool, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return other
 	}
+	return e
 }
