@@ -27,9 +27,11 @@ test-unit:
 		-u OUTBOXKIT_TEST_NATS_URL -u OUTBOXKIT_TEST_REDIS_URL -u OUTBOXKIT_TEST_KAFKA_URL -u OUTBOXKIT_TEST_MYSQL_URL \
 		$(GO) test -race -count=1 $(PKGS)
 
-## demo: orders → outbox → forwarder → RabbitMQ → consumer, printed hop by hop.
+## demo: orders → outbox → forwarder → broker → consumers, printed hop by hop. No server needed:
+## SQLite and the in-process broker by default; DEMO_ARGS="--db postgres://… --broker amqp://…"
+## starts the local services its URLs name.
 demo:
-	@scripts/services.sh postgres rabbitmq
+	@scripts/services.sh --for $(DEMO_ARGS)
 	$(GO) run ./cmd/demo $(DEMO_ARGS)
 
 ## bench: write path, drain, end to end, consumer, scale and claim cost, beside stock Watermill.

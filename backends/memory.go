@@ -23,7 +23,7 @@ func openMemory(rawURL string, opts Options) (*Backend, error) {
 		Publisher: metadataFormat{Publisher: bus, wire: newWireFormat(opts)},
 		newSubscriber: func(string) (Subscriber, error) {
 			s := &memorySubscriber{bus: bus}
-			s.relays.transform = func(msg *message.Message) { adoptForeign(msg, metadataAttrs(msg.Metadata, cePrefixOther, "")) }
+			s.outlets.transform = func(msg *message.Message) { adoptForeign(msg, metadataAttrs(msg.Metadata, cePrefixOther, "")) }
 			return s, nil
 		},
 		closers: []func() error{bus.Close},
@@ -37,7 +37,7 @@ type memorySubscriber struct {
 	mu      sync.Mutex
 	cancels []context.CancelFunc
 	closed  bool
-	relays  relays // GoChannel closes a cancelled subscription's channel later, in a goroutine of its own
+	outlets outlets // GoChannel closes a cancelled subscription's channel later, in a goroutine of its own
 }
 
 func (s *memorySubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -52,7 +52,7 @@ func (s *memorySubscriber) Subscribe(ctx context.Context, topic string) (<-chan 
 	if err != nil {
 		return nil, err
 	}
-	return s.relays.relay(ctx, in), nil
+	return s.outlets.outlet(ctx, in), nil
 }
 
 // SubscribeInitialize does nothing: the bus is persistent, a later subscription gets what was
@@ -60,7 +60,7 @@ func (s *memorySubscriber) Subscribe(ctx context.Context, topic string) (<-chan 
 func (s *memorySubscriber) SubscribeInitialize(string) error { return nil }
 
 func (s *memorySubscriber) Close() error {
-	return s.relays.close(func() error {
+	return s.outlets.close(func() error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.closed = true

@@ -62,7 +62,7 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 			if err != nil {
 				return nil, err
 			}
-			// The retrying subscriber's relays also make Close wait for every channel: v4.1.5's
+			// The retrying subscriber's outlets also make Close wait for every channel: v4.1.5's
 			// Close waits for its consume loops, but each loop signals done before its goroutine
 			// closes the channel, so Close could return with the channel still open.
 			return newRetryingSubscriber(sub, classifyPostgres, opts.Logger).readingForeign(), nil

@@ -34,7 +34,7 @@ type retryingSubscriber struct {
 	inner    Subscriber
 	classify func(error) error // marks transport errors
 	logger   watermill.LoggerAdapter
-	relays   relays
+	outlets  outlets
 	wg       sync.WaitGroup
 }
 
@@ -51,19 +51,19 @@ func newRetryingSubscriber(inner Subscriber, classify func(error) error, logger 
 // readingForeign makes the subscriber complete messages other producers wrote from their ce_*
 // metadata (backends without a CloudEvents binding).
 func (s *retryingSubscriber) readingForeign() *retryingSubscriber {
-	s.relays.transform = func(msg *message.Message) {
+	s.outlets.transform = func(msg *message.Message) {
 		adoptForeign(msg, metadataAttrs(msg.Metadata, cePrefixOther, ""))
 	}
 	return s
 }
 
 func (s *retryingSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	if s.relays.isClosing() {
+	if s.outlets.isClosing() {
 		return nil, errors.New("subscriber is closed")
 	}
 	in, err := s.inner.Subscribe(ctx, topic)
 	if err == nil {
-		return s.relays.relay(ctx, in), nil
+		return s.outlets.outlet(ctx, in), nil
 	}
 	if err = s.classify(err); !outboxkit.IsTransport(err) {
 		return nil, err
@@ -79,7 +79,7 @@ func (s *retryingSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 			select {
 			case <-ctx.Done():
 				return
-			case <-s.relays.closingCh():
+			case <-s.outlets.closingCh():
 				return
 			case <-time.After(subscribeRetry.Delay(attempt)):
 			}
@@ -95,7 +95,7 @@ func (s *retryingSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 			}
 		}
 	}()
-	return s.relays.relayLater(ctx, pending), nil
+	return s.outlets.outletLater(ctx, pending), nil
 }
 
 func (s *retryingSubscriber) SubscribeInitialize(topic string) error {
@@ -103,7 +103,7 @@ func (s *retryingSubscriber) SubscribeInitialize(topic string) error {
 }
 
 func (s *retryingSubscriber) Close() error {
-	return s.relays.close(func() error {
+	return s.outlets.close(func() error {
 		s.wg.Wait() // no background attempt may subscribe after the inner subscriber is closed
 		return s.inner.Close()
 	})

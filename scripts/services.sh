@@ -1,12 +1,27 @@
 #!/usr/bin/env bash
 # Make sure the local services the tests and the demo need are up; start any that is down.
 # Usage: scripts/services.sh [postgres] [mysql] [rabbitmq] [nats] [redis] [kafka]   (default: all of them)
+#        scripts/services.sh --for ARGS…   (the services the URLs among ARGS name; none: nothing to do)
 #
 # kafka is franz-go's kfake (tools/kfake), a Kafka-protocol server built and started from this
 # repository: no Kafka broker package exists for these machines. It keeps topics in memory.
 set -euo pipefail
 
 services=("$@")
+if [ "${1:-}" = "--for" ]; then
+  services=()
+  for arg in "${@:2}"; do
+    case "$arg" in
+      *postgres://*|*postgresql://*) services+=(postgres) ;;
+      *mysql://*) services+=(mysql) ;;
+      *amqp://*|*amqps://*) services+=(rabbitmq) ;;
+      *nats://*) services+=(nats) ;;
+      *redis://*) services+=(redis) ;;
+      *kafka://*) services+=(kafka) ;;
+    esac
+  done
+  [ ${#services[@]} -gt 0 ] || exit 0
+fi
 [ ${#services[@]} -gt 0 ] || services=(postgres mysql rabbitmq nats redis kafka)
 root=$(cd "$(dirname "$0")/.." && pwd)
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
 // defaultBackendURLs are the local services scripts/services.sh starts.
@@ -103,12 +104,9 @@ func drainBackend(ctx context.Context, c config, pool *pgxpool.Pool, url string,
 		_ = sub.Close()
 	}
 	pub := &countingPublisher{Publisher: b.Publisher, n: int64(c.events), done: make(chan struct{})}
-	relay, err := forwarder.New(forwarder.Config{Pool: pool, Schema: schema, Publisher: pub, Name: "bench",
+	outbox := storeIn(pool, schema, pgxstore.Config{})
+	relay, err := forwarder.New(forwarder.Config{Store: outbox, Publisher: pub, Name: "bench",
 		BatchSize: c.batch, MaxInFlight: c.inFlight, Retention: forwarder.Retention{Keep: true}})
-	if err != nil {
-		return 0, err
-	}
-	outbox, err := forwarder.NewOutbox(pool, forwarder.OutboxConfig{Schema: schema})
 	if err != nil {
 		return 0, err
 	}
@@ -126,7 +124,7 @@ func drainBackend(ctx context.Context, c config, pool *pgxpool.Pool, url string,
 		return 0, ctx.Err()
 	}
 	for { // published is not drained until the rows are marked
-		s, err := outbox.Stats(ctx)
+		s, err := outbox.OutboxStats(ctx, time.Now())
 		if err != nil {
 			return 0, err
 		}

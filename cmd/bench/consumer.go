@@ -18,6 +18,7 @@ import (
 	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
 const consumerShards = 4
@@ -133,12 +134,12 @@ func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind
 		}
 		var stack []message.HandlerMiddleware
 		if kind == "inbox-only" {
-			m, err := middleware.NewInbox(middleware.InboxConfig{Pool: pool, Schema: schema, Consumer: group})
+			m, err := middleware.NewInbox(middleware.InboxConfig{Store: storeIn(pool, schema, pgxstore.Config{}), Consumer: group})
 			if err != nil {
 				return 0, err
 			}
 			stack = []message.HandlerMiddleware{m}
-		} else if stack, err = middleware.Stack(middleware.StackConfig{Pool: pool, Schema: schema, Consumer: group}); err != nil {
+		} else if stack, err = middleware.Stack(middleware.StackConfig{Store: storeIn(pool, schema, pgxstore.Config{}), Consumer: group}); err != nil {
 			return 0, err
 		}
 		h := router.AddConsumerHandler("h-"+t, t, sub, func(msg *message.Message) error {

@@ -23,6 +23,7 @@ import (
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
 // stockTuning is how stock Watermill is set up. "defaults" leaves every knob as shipped (1 s poll,
@@ -42,6 +43,9 @@ var (
 )
 
 func benchDrain(ctx context.Context, c config) ([]series, error) {
+	if c.store != "postgres" {
+		return benchDrainStore(ctx, c)
+	}
 	pool, err := pgxpool.New(ctx, c.dbURL)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
@@ -264,7 +268,7 @@ func drainOutboxkit(ctx context.Context, c config, pool *pgxpool.Pool, rep int) 
 			return 0, err
 		}
 		defer pub.Close()
-		relays[i], err = forwarder.New(forwarder.Config{Pool: pool, Schema: schema, Publisher: pub, Name: fmt.Sprint("bench-", i),
+		relays[i], err = forwarder.New(forwarder.Config{Store: storeIn(pool, schema, pgxstore.Config{}), Publisher: pub, Name: fmt.Sprint("bench-", i),
 			BatchSize: c.batch, MaxInFlight: c.inFlight, Retention: forwarder.Retention{Keep: true}})
 		if err != nil {
 			return 0, err
@@ -286,12 +290,13 @@ func drainOutboxkit(ctx context.Context, c config, pool *pgxpool.Pool, rep int) 
 }
 
 func preloadOutboxkit(ctx context.Context, pool *pgxpool.Pool, schema, topic string, c config) error {
+	quiet := storeIn(pool, schema, pgxstore.Config{DisableNotify: true})
 	for start := 0; start < c.events; start += 1000 {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			return err
 		}
-		pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: schema, DisableNotify: true})
+		pub, err := pipeline.NewPublisher(quiet, tx, pipeline.PublisherConfig{})
 		if err != nil {
 			return err
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
 // e2eImpl is one way to get an event from a business transaction to a consumer's effect.
@@ -152,6 +153,7 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 	if err != nil {
 		return e2eResult{}, err
 	}
+	writer := storeIn(pool, schema, pgxstore.Config{DisableNotify: impl.pollOnly > 0})
 	defer drop()
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL);
 		CREATE TABLE `+schema+`.effects (message_id text PRIMARY KEY);
@@ -233,7 +235,7 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 			if err != nil {
 				return e2eResult{}, err
 			}
-			stack, err := middleware.Stack(middleware.StackConfig{Pool: pool, Schema: schema, Consumer: group})
+			stack, err := middleware.Stack(middleware.StackConfig{Store: writer, Consumer: group})
 			if err != nil {
 				return e2eResult{}, err
 			}
@@ -292,10 +294,10 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 			return e2eResult{}, err
 		}
 		defer pub.Close()
-		cfg := forwarder.Config{Pool: pool, Schema: schema, Publisher: pub, Name: "e2e",
+		cfg := forwarder.Config{Store: storeIn(pool, schema, pgxstore.Config{PollOnly: impl.pollOnly > 0}), Publisher: pub, Name: "e2e",
 			TopicMapping: func(t, key string) string { return outboxkit.ShardTopic(t, key, impl.shards) }}
 		if impl.pollOnly > 0 {
-			cfg.PollOnly, cfg.PollInterval = true, impl.pollOnly
+			cfg.PollInterval = impl.pollOnly
 		}
 		relay, err := forwarder.New(cfg)
 		if err != nil {
@@ -309,7 +311,7 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 	}
 
 	// Warm up untimed, then offer the timed events.
-	if _, err := e2eOffer(ctx, pool, schema, topic, fwdTopic, impl, 0, warmN, rate, &warm); err != nil {
+	if _, err := e2eOffer(ctx, pool, writer, topic, fwdTopic, impl, 0, warmN, rate, &warm); err != nil {
 		return e2eResult{}, err
 	}
 	select {
@@ -319,7 +321,7 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 	case <-ctx.Done():
 		return e2eResult{}, ctx.Err()
 	}
-	writeTime, err := e2eOffer(ctx, pool, schema, topic, fwdTopic, impl, warmN, total, rate, &committed)
+	writeTime, err := e2eOffer(ctx, pool, writer, topic, fwdTopic, impl, warmN, total, rate, &committed)
 	if err != nil {
 		return e2eResult{}, err
 	}
@@ -338,7 +340,7 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 // e2eOffer writes n events numbered from first, each in its own business transaction, on a fixed
 // schedule at rate (open loop: a slow pipeline does not slow the offered rate down), from 16
 // writers, and records each commit time in committed.
-func e2eOffer(ctx context.Context, pool *pgxpool.Pool, schema, topic, fwdTopic string, impl e2eImpl, first, n, perSec int, committed *sync.Map) (time.Duration, error) {
+func e2eOffer(ctx context.Context, pool *pgxpool.Pool, writer *pgxstore.Store, topic, fwdTopic string, impl e2eImpl, first, n, perSec int, committed *sync.Map) (time.Duration, error) {
 	slots := make(chan int, n)
 	writeErr := make(chan error, 1)
 	var writers sync.WaitGroup
@@ -347,7 +349,7 @@ func e2eOffer(ctx context.Context, pool *pgxpool.Pool, schema, topic, fwdTopic s
 		go func() {
 			defer writers.Done()
 			for i := range slots {
-				if err := e2eWrite(ctx, pool, schema, topic, fwdTopic, impl, i, committed); err != nil {
+				if err := e2eWrite(ctx, pool, writer, topic, fwdTopic, impl, i, committed); err != nil {
 					select {
 					case writeErr <- err:
 					default:
@@ -375,14 +377,14 @@ func e2eOffer(ctx context.Context, pool *pgxpool.Pool, schema, topic, fwdTopic s
 }
 
 // e2eWrite is one business transaction: an order and its event.
-func e2eWrite(ctx context.Context, pool *pgxpool.Pool, schema, topic, fwdTopic string, impl e2eImpl, i int, committed *sync.Map) error {
+func e2eWrite(ctx context.Context, pool *pgxpool.Pool, writer *pgxstore.Store, topic, fwdTopic string, impl e2eImpl, i int, committed *sync.Map) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
 	var id int64
-	if err := tx.QueryRow(ctx, `INSERT INTO `+schema+`.orders (customer) VALUES ($1) RETURNING id`, fmt.Sprint("c-", i%97)).Scan(&id); err != nil {
+	if err := tx.QueryRow(ctx, `INSERT INTO `+writer.Info().Namespace+`.orders (customer) VALUES ($1) RETURNING id`, fmt.Sprint("c-", i%97)).Scan(&id); err != nil {
 		return err
 	}
 	body, key := payload(i, 200)
@@ -396,7 +398,7 @@ func e2eWrite(ctx context.Context, pool *pgxpool.Pool, schema, topic, fwdTopic s
 			return err
 		}
 	} else {
-		pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: schema, DisableNotify: impl.pollOnly > 0})
+		pub, err := pipeline.NewPublisher(writer, tx, pipeline.PublisherConfig{})
 		if err != nil {
 			return err
 		}

@@ -3,6 +3,7 @@
 // every comparison is a ratio of two figures measured in the same round.
 //
 //	go run ./cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|all] [--reps 3]
+//	                   [--store postgres|mysql|sqlite] (the drain scenario's store)
 //	                   [--json bench-results/bench.json] [--compare an-earlier-run.json]
 package main
 
@@ -23,6 +24,7 @@ import (
 
 type config struct {
 	dbURL, brokerURL string
+	store, mysqlURL  string
 	events, keys     int
 	reps             int
 	jsonPath         string
@@ -43,6 +45,9 @@ func main() {
 	var c config
 	flag.StringVar(&c.dbURL, "db", env("OUTBOXKIT_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL")
 	flag.StringVar(&c.brokerURL, "broker", env("OUTBOXKIT_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
+	flag.StringVar(&c.store, "store", "postgres", "the store of the drain scenario: postgres (beside stock Watermill on Postgres), "+
+		"mysql (beside stock Watermill on MySQL) or sqlite (to the memory broker and to RabbitMQ)")
+	flag.StringVar(&c.mysqlURL, "mysql", env("OUTBOXKIT_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"), "MySQL or MariaDB URL, for --store mysql")
 	flag.IntVar(&c.events, "events", 20000, "events preloaded for each drain")
 	flag.IntVar(&c.keys, "keys", 200, "partition keys the events are spread over")
 	flag.IntVar(&c.reps, "reps", 3, "repetitions of each measurement (the median is reported)")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
 // benchScale times the drain with 1, 2 and 4 forwarders on one outbox, rounds alternating.
@@ -87,7 +88,7 @@ func benchClaim(ctx context.Context, c config) ([]series, error) {
 		if _, err := pool.Exec(ctx, `VACUUM ANALYZE `+schemas[i]+`.outbox`); err != nil {
 			return nil, err
 		}
-		relays[i], err = forwarder.New(forwarder.Config{Pool: pool, Schema: schemas[i], Publisher: discard{}, Name: "claim",
+		relays[i], err = forwarder.New(forwarder.Config{Store: storeIn(pool, schemas[i], pgxstore.Config{}), Publisher: discard{}, Name: "claim",
 			BatchSize: c.claimPending, Retention: forwarder.Retention{Keep: true}})
 		if err != nil {
 			return nil, err
@@ -130,7 +131,7 @@ func insertPending(ctx context.Context, pool *pgxpool.Pool, schema string, n, ke
 		return err
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
-	pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: schema, DisableNotify: true})
+	pub, err := pipeline.NewPublisher(storeIn(pool, schema, pgxstore.Config{DisableNotify: true}), tx, pipeline.PublisherConfig{})
 	if err != nil {
 		return err
 	}

@@ -6,18 +6,16 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
 // newSchema migrates outboxkit's tables into a fresh schema named prefix_<unique> and returns
 // it with the function that drops it again.
 func newSchema(ctx context.Context, pool *pgxpool.Pool, prefix string) (schema string, drop func(), err error) {
 	schema = fmt.Sprintf("%s_%d", prefix, time.Now().UnixNano()%1e9)
-	db := stdlib.OpenDBFromPool(pool) // closing it leaves the pool open
-	defer db.Close()
-	if _, err := pipeline.Migrate(ctx, db, schema); err != nil {
+	if _, err := pipeline.Migrate(ctx, storeIn(pool, schema, pgxstore.Config{})); err != nil {
 		return "", nil, err
 	}
 	return schema, func() { _, _ = pool.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") }, nil
@@ -31,4 +29,15 @@ func started(running <-chan struct{}, what string) error {
 	case <-time.After(30 * time.Second):
 		return fmt.Errorf("%s did not start within 30s", what)
 	}
+}
+
+// storeIn is outboxkit's store in schema on pool. The bench's schema names are valid, so an error
+// here is a bug.
+func storeIn(pool *pgxpool.Pool, schema string, cfg pgxstore.Config) *pgxstore.Store {
+	cfg.Schema = schema
+	s, err := pgxstore.New(pool, cfg)
+	if err != nil {
+		panic(err)
+	}
+	return s
 }

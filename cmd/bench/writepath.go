@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
 // writeMode is what one business transaction does.
@@ -106,6 +107,7 @@ func writeLoad(ctx context.Context, pool *pgxpool.Pool, schema string, m writeMo
 		wg   sync.WaitGroup
 	)
 	insert := `INSERT INTO ` + schema + `.orders (customer, total_cents) VALUES ($1, $2) RETURNING id`
+	outbox := storeIn(pool, schema, pgxstore.Config{DisableNotify: !m.notify})
 	start := time.Now()
 	deadline := start.Add(d)
 	for w := range n {
@@ -123,7 +125,7 @@ func writeLoad(ctx context.Context, pool *pgxpool.Pool, schema string, m writeMo
 					if !m.outbox {
 						return nil
 					}
-					pub, err := pipeline.NewPgxPublisher(tx, pipeline.PublisherConfig{Schema: schema, DisableNotify: !m.notify})
+					pub, err := pipeline.NewPublisher(outbox, tx, pipeline.PublisherConfig{})
 					if err != nil {
 						return err
 					}

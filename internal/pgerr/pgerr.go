@@ -16,17 +16,13 @@ import (
 
 // SQLSTATE codes outboxkit reacts to.
 const (
-	UniqueViolation      = "23505"
-	UndefinedTable       = "42P01"
-	InFailedTransaction  = "25P02"
-	AdminShutdown        = "57P01"
-	CrashShutdown        = "57P02"
-	CannotConnectNow     = "57P03"
-	TooManyConnections   = "53300"
-	QueryCanceled        = "57014"
-	IdleInTxTimeout      = "25P03"
-	SerializationFailure = "40001"
-	DeadlockDetected     = "40P01"
+	UniqueViolation     = "23505"
+	UndefinedTable      = "42P01"
+	InFailedTransaction = "25P02"
+	AdminShutdown       = "57P01"
+	CrashShutdown       = "57P02"
+	CannotConnectNow    = "57P03"
+	TooManyConnections  = "53300"
 )
 
 // Code returns the SQLSTATE of a Postgres error and the constraint it names, or "" when err does

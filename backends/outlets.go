@@ -7,11 +7,11 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// relays hands each subscription out through a channel of its own, so that a subscriber's Close
+// outlets hands each subscription out through a channel of its own, so that a subscriber's Close
 // returns only once every channel it handed out is closed - Watermill's Subscriber contract, on
 // which a router draining its channels after Close relies. Messages pass one by one, unbuffered:
 // acks and nacks reach the library's own message unchanged. The zero value is ready to use.
-type relays struct {
+type outlets struct {
 	// transform, when set, is applied to each message before it is handed out.
 	transform func(*message.Message)
 
@@ -20,20 +20,20 @@ type relays struct {
 	wg              sync.WaitGroup
 }
 
-func (r *relays) init() { r.once.Do(func() { r.closing = make(chan struct{}) }) }
+func (r *outlets) init() { r.once.Do(func() { r.closing = make(chan struct{}) }) }
 
-// relay returns a channel that carries in's messages and is closed when in is, when ctx ends, or
+// outlet returns a channel that carries in's messages and is closed when in is, when ctx ends, or
 // when close is called.
-func (r *relays) relay(ctx context.Context, in <-chan *message.Message) <-chan *message.Message {
+func (r *outlets) outlet(ctx context.Context, in <-chan *message.Message) <-chan *message.Message {
 	pending := make(chan (<-chan *message.Message), 1)
 	pending <- in
 	close(pending)
-	return r.relayLater(ctx, pending)
+	return r.outletLater(ctx, pending)
 }
 
-// relayLater is relay for a subscription made later: it carries the messages of the channel that
+// outletLater is outlet for a subscription made later: it carries the messages of the channel that
 // arrives on pending, and closes when pending closes empty, ctx ends, or close is called.
-func (r *relays) relayLater(ctx context.Context, pending <-chan (<-chan *message.Message)) <-chan *message.Message {
+func (r *outlets) outletLater(ctx context.Context, pending <-chan (<-chan *message.Message)) <-chan *message.Message {
 	r.init()
 	out := make(chan *message.Message)
 	r.wg.Add(1)
@@ -70,9 +70,9 @@ func (r *relays) relayLater(ctx context.Context, pending <-chan (<-chan *message
 	return out
 }
 
-func (r *relays) closingCh() <-chan struct{} { r.init(); return r.closing }
+func (r *outlets) closingCh() <-chan struct{} { r.init(); return r.closing }
 
-func (r *relays) isClosing() bool {
+func (r *outlets) isClosing() bool {
 	select {
 	case <-r.closingCh():
 		return true
@@ -83,7 +83,7 @@ func (r *relays) isClosing() bool {
 
 // close stops handing messages out, closes the library's subscriber and waits until every
 // channel from relay is closed.
-func (r *relays) close(closeInner func() error) error {
+func (r *outlets) close(closeInner func() error) error {
 	r.init()
 	r.closeOnce.Do(func() { close(r.closing) })
 	err := closeInner()

@@ -1,0 +1,270 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	wforwarder "github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store/mysqlstore"
+	"github.com/outboxkit/outboxkit/stores"
+)
+
+// benchDrainStore is the drain on a store other than Postgres (--store mysql or sqlite): on MySQL
+// outboxkit beside stock Watermill on MySQL (watermill-sql's MySQL schema and
+// components/forwarder), on SQLite outboxkit to the in-process broker and to RabbitMQ (watermill-sql
+// has no SQLite schema).
+func benchDrainStore(ctx context.Context, c config) ([]series, error) {
+	switch c.store {
+	case "mysql":
+		return benchDrainMySQL(ctx, c)
+	case "sqlite":
+		return benchDrainSQLite(ctx, c)
+	}
+	return nil, fmt.Errorf("--store %q: use postgres, mysql or sqlite", c.store)
+}
+
+func benchDrainMySQL(ctx context.Context, c config) ([]series, error) {
+	fmt.Printf("\ndrain on MySQL/MariaDB (%s): %d preloaded events over %d keys → RabbitMQ with publisher confirms, %d reps\n",
+		redactURL(c.mysqlURL), c.events, c.keys, c.reps)
+	fmt.Printf("  stock Watermill: watermill-sql v4 MySQL schema + components/forwarder → watermill-amqp, tuned (poll %s, batch %d, pooled channel)\n",
+		stockTuned.pollInterval, stockTuned.batchSize)
+	ours := series{Name: "outboxkit forwarder on MySQL", Unit: "msg/s"}
+	stock := series{Name: "stock Watermill on MySQL, tuned", Unit: "msg/s"}
+	for rep := 1; rep <= c.reps; rep++ {
+		o, err := drainStoreOnce(ctx, c, c.mysqlURL, c.brokerURL, rep)
+		if err != nil {
+			return nil, fmt.Errorf("outboxkit drain: %w", err)
+		}
+		ours.add(o)
+		s, err := drainStockMySQL(ctx, c, rep)
+		if err != nil {
+			return nil, fmt.Errorf("stock drain: %w", err)
+		}
+		stock.add(s)
+		fmt.Printf("  round %d: outboxkit %.0f, stock tuned %.0f msg/s\n", rep, o, s)
+	}
+	vs := ratio("outboxkit / stock tuned, MySQL", ours, stock)
+	fmt.Print(table("drain rate on MySQL", []series{ours, stock}))
+	fmt.Print(table("ratio, paired by round", []series{vs}))
+	return []series{ours, stock, vs}, nil
+}
+
+func benchDrainSQLite(ctx context.Context, c config) ([]series, error) {
+	dir, err := os.MkdirTemp("", "outboxkit-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	fmt.Printf("\ndrain on SQLite (a file in %s): %d preloaded events over %d keys, %d reps\n", dir, c.events, c.keys, c.reps)
+	memory := series{Name: "outboxkit forwarder on SQLite → memory://", Unit: "msg/s"}
+	rabbit := series{Name: "outboxkit forwarder on SQLite → RabbitMQ", Unit: "msg/s"}
+	for rep := 1; rep <= c.reps; rep++ {
+		m, err := drainStoreOnce(ctx, c, "sqlite://"+filepath.Join(dir, fmt.Sprintf("memory-%d.db", rep)), "memory://", rep)
+		if err != nil {
+			return nil, fmt.Errorf("drain to memory: %w", err)
+		}
+		memory.add(m)
+		r, err := drainStoreOnce(ctx, c, "sqlite://"+filepath.Join(dir, fmt.Sprintf("amqp-%d.db", rep)), c.brokerURL, rep)
+		if err != nil {
+			return nil, fmt.Errorf("drain to RabbitMQ: %w", err)
+		}
+		rabbit.add(r)
+		fmt.Printf("  round %d: → memory %.0f, → RabbitMQ %.0f msg/s\n", rep, m, r)
+	}
+	fmt.Print(table("drain rate on SQLite", []series{memory, rabbit}))
+	return []series{memory, rabbit}, nil
+}
+
+// drainStoreOnce preloads c.events into the outbox of the store dbURL names (a database of its
+// own on a server) and times a forwarder draining it to brokerURL.
+func drainStoreOnce(ctx context.Context, c config, dbURL, brokerURL string, rep int) (float64, error) {
+	namespace := fmt.Sprintf("bench_ok_%d_%d", rep, time.Now().UnixNano()%1e9)
+	db, err := stores.Open(ctx, dbURL, stores.Options{Namespace: namespace})
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	if _, err := pipeline.Migrate(ctx, db); err != nil {
+		return 0, err
+	}
+	if db.Dialect == "mysql" {
+		defer db.SQL.Exec("DROP DATABASE `" + namespace + "`") //nolint:errcheck
+	}
+	topic := "bench.store." + namespace
+	for start := 0; start < c.events; start += 1000 {
+		tx, err := db.SQL.BeginTx(ctx, nil)
+		if err != nil {
+			return 0, err
+		}
+		pub, err := pipeline.NewPublisher(db, tx, pipeline.PublisherConfig{})
+		if err != nil {
+			return 0, err
+		}
+		var msgs []*message.Message
+		for i := start; i < min(start+1000, c.events); i++ {
+			body, key := payload(i, c.keys)
+			msgs = append(msgs, pipeline.NewEvent("OrderPlaced", key, body))
+		}
+		if err := pub.Publish(topic, msgs...); err != nil {
+			_ = tx.Rollback()
+			return 0, err
+		}
+		if err := tx.Commit(); err != nil {
+			return 0, err
+		}
+	}
+	b, err := backends.Open(ctx, brokerURL, backends.Options{})
+	if err != nil {
+		return 0, err
+	}
+	defer b.Close()
+	pub := &countingPublisher{Publisher: b.Publisher, n: int64(c.events), done: make(chan struct{})}
+	wait := func() error {
+		select {
+		case <-pub.done:
+			return nil
+		case <-time.After(5 * time.Minute):
+			return fmt.Errorf("only %d of %d events published within 5m", pub.got.Load(), c.events)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if strings.HasPrefix(brokerURL, "amqp") { // counted where they arrive, in order
+		cnt, err := newCounter(brokerURL, topic, c.events)
+		if err != nil {
+			return 0, err
+		}
+		defer cnt.close()
+		wait = func() error { return cnt.wait(ctx, 5*time.Minute) }
+	}
+	relay, err := forwarder.New(forwarder.Config{Store: db, Publisher: pub, Name: "bench",
+		BatchSize: c.batch, MaxInFlight: c.inFlight, Retention: forwarder.Retention{Keep: true}})
+	if err != nil {
+		return 0, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	start := time.Now()
+	go func() { defer close(done); _ = relay.Run(runCtx) }()
+	defer func() { cancel(); <-done }()
+	if err := wait(); err != nil {
+		return 0, err
+	}
+	for { // not drained until the rows are marked
+		s, err := db.OutboxStats(ctx, time.Now())
+		if err != nil {
+			return 0, err
+		}
+		if s.Pending == 0 {
+			return rate(c.events, time.Since(start)), nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// drainStockMySQL is drainStock on MySQL: a watermill-sql topic with the MySQL schema, drained by
+// Watermill's forwarder to watermill-amqp, tuned.
+func drainStockMySQL(ctx context.Context, c config, rep int) (float64, error) {
+	dsn, err := mysqlstore.DSN(c.mysqlURL)
+	if err != nil {
+		return 0, err
+	}
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return 0, err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(stores.DefaultMaxConns)
+	tuning := stockTuned
+	suffix := fmt.Sprintf("%d_%d", rep, time.Now().UnixNano()%1e9)
+	fwdTopic := "bench_stock_mysql_" + suffix
+	topic := "bench.stock.mysql." + suffix
+	logger := watermill.NopLogger{}
+	beginner := wsql.BeginnerFromStdSQL(db)
+	schemaAdapter := wsql.DefaultMySQLSchema{SubscribeBatchSize: tuning.batchSize}
+	defer db.Exec(fmt.Sprintf("DROP TABLE IF EXISTS `watermill_%s`, `watermill_offsets_%s`", fwdTopic, fwdTopic)) //nolint:errcheck
+
+	sqlPub, err := wsql.NewPublisher(beginner, wsql.PublisherConfig{SchemaAdapter: schemaAdapter, AutoInitializeSchema: true}, logger)
+	if err != nil {
+		return 0, err
+	}
+	envelopes := wforwarder.NewPublisher(sqlPub, wforwarder.PublisherConfig{ForwarderTopic: fwdTopic})
+	for start := 0; start < c.events; start += 1000 {
+		var msgs []*message.Message
+		for i := start; i < min(start+1000, c.events); i++ {
+			body, key := payload(i, c.keys)
+			msgs = append(msgs, pipeline.NewEvent("OrderPlaced", key, body))
+		}
+		if err := envelopes.Publish(topic, msgs...); err != nil {
+			return 0, err
+		}
+	}
+	cnt, err := newCounter(c.brokerURL, topic, c.events)
+	if err != nil {
+		return 0, err
+	}
+	defer cnt.close()
+	amqpCfg := wamqp.NewDurablePubSubConfig(c.brokerURL, nil)
+	amqpCfg.Publish.ConfirmDelivery = true
+	amqpCfg.Publish.ChannelPoolSize = tuning.channelPool
+	amqpPub, err := wamqp.NewPublisher(amqpCfg, logger)
+	if err != nil {
+		return 0, err
+	}
+	defer amqpPub.Close()
+	sub, err := wsql.NewSubscriber(beginner, wsql.SubscriberConfig{
+		ConsumerGroup:    "bench",
+		PollInterval:     tuning.pollInterval,
+		SchemaAdapter:    schemaAdapter,
+		OffsetsAdapter:   wsql.DefaultMySQLOffsetsAdapter{},
+		InitializeSchema: true,
+	}, logger)
+	if err != nil {
+		return 0, err
+	}
+	fwd, err := wforwarder.NewForwarder(sub, amqpPub, logger, wforwarder.Config{ForwarderTopic: fwdTopic})
+	if err != nil {
+		return 0, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	start := time.Now()
+	go func() { defer wg.Done(); _ = fwd.Run(runCtx) }()
+	err = cnt.wait(ctx, 10*time.Minute)
+	elapsed := time.Since(start)
+	cancel()
+	_ = fwd.Close()
+	wg.Wait()
+	if err != nil {
+		return 0, err
+	}
+	return rate(c.events, elapsed), nil
+}
+
+// redactURL hides a URL's password.
+func redactURL(raw string) string {
+	if u, err := url.Parse(raw); err == nil {
+		return u.Redacted()
+	}
+	return raw
+}
