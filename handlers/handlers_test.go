@@ -8,23 +8,24 @@ import (
 	"testing"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/handlers"
 )
 
-// fakeTx stands in for the inbox's transaction: the handlers only pass it through.
-type fakeTx struct{ pgx.Tx }
+// fakeTx stands in for the inbox's transaction, of the store driver's type: the handlers only pass
+// it through.
+type fakeTx struct{ name string }
 
 type order struct {
 	ID    string `json:"id"`
 	Total int    `json:"total"`
 }
 
-func msgWithTx(payload string, tx pgx.Tx) *message.Message {
+func msgWithTx(payload string, tx any) *message.Message {
 	m := message.NewMessage("m-1", []byte(payload))
 	if tx != nil {
-		m.SetContext(handlers.WithTx(context.Background(), tx))
+		m.SetContext(outboxkit.WithTx(context.Background(), tx))
 	}
 	return m
 }
@@ -32,8 +33,8 @@ func msgWithTx(payload string, tx pgx.Tx) *message.Message {
 func TestJSON_DecodesAndPassesTheInboxTx(t *testing.T) {
 	tx := &fakeTx{}
 	var got order
-	var gotTx pgx.Tx
-	h := handlers.JSON(func(_ context.Context, tx pgx.Tx, o order) error { got, gotTx = o, tx; return nil })
+	var gotTx *fakeTx
+	h := handlers.JSON(func(_ context.Context, tx *fakeTx, o order) error { got, gotTx = o, tx; return nil })
 	if err := h(msgWithTx(`{"id":"o-1","total":42}`, tx)); err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +47,7 @@ func TestJSON_HandlerSeesTheMessage(t *testing.T) {
 	msg := msgWithTx(`{"id":"o-1"}`, &fakeTx{})
 	msg.Metadata.Set("outboxkit_event_type", "OrderPlaced")
 	var seen *message.Message
-	h := handlers.JSON(func(ctx context.Context, _ pgx.Tx, _ order) error {
+	h := handlers.JSON(func(ctx context.Context, _ *fakeTx, _ order) error {
 		seen, _ = handlers.MessageFrom(ctx)
 		return nil
 	})
@@ -63,7 +64,7 @@ func TestJSON_HandlerSeesTheMessage(t *testing.T) {
 
 func TestJSON_UndecodablePayloadIsPermanentAndNeverReachesTheHandler(t *testing.T) {
 	called := false
-	h := handlers.JSON(func(context.Context, pgx.Tx, order) error { called = true; return nil })
+	h := handlers.JSON(func(context.Context, *fakeTx, order) error { called = true; return nil })
 	err := h(msgWithTx("not json", &fakeTx{}))
 	if !handlers.IsPermanent(err) {
 		t.Fatalf("err = %v, want a permanent error", err)
@@ -77,7 +78,7 @@ func TestJSON_UndecodablePayloadIsPermanentAndNeverReachesTheHandler(t *testing.
 }
 
 func TestDecoded_WithoutInboxIsPermanentErrNoTx(t *testing.T) {
-	h := handlers.Decoded(func([]byte, *order) error { return nil }, func(context.Context, pgx.Tx, order) error { return nil })
+	h := handlers.Decoded(func([]byte, *order) error { return nil }, func(context.Context, *fakeTx, order) error { return nil })
 	err := h(msgWithTx(`{}`, nil))
 	if !handlers.IsPermanent(err) || !errors.Is(err, handlers.ErrNoTx) {
 		t.Fatalf("err = %v, want permanent ErrNoTx", err)
@@ -87,7 +88,7 @@ func TestDecoded_WithoutInboxIsPermanentErrNoTx(t *testing.T) {
 func TestDecoded_UsesTheGivenDecoderAndKeepsHandlerErrorsTransient(t *testing.T) {
 	boom := errors.New("effect failed")
 	h := handlers.Decoded(func(p []byte, into *order) error { into.ID = strings.ToUpper(string(p)); return nil },
-		func(_ context.Context, _ pgx.Tx, o order) error {
+		func(_ context.Context, _ *fakeTx, o order) error {
 			if o.ID != "ABC" {
 				return fmt.Errorf("decoder not used: %q", o.ID)
 			}
@@ -116,5 +117,16 @@ func TestPermanent(t *testing.T) {
 	}
 	if handlers.IsPermanent(cause) {
 		t.Fatal("a plain error is not permanent")
+	}
+}
+
+// A handler written for another driver's transaction type gets a permanent error naming both
+// types, not a nil transaction.
+func TestJSON_WrongTransactionTypeSaysWhich(t *testing.T) {
+	called := false
+	h := handlers.JSON(func(context.Context, *fakeTx, order) error { called = true; return nil })
+	err := h(msgWithTx(`{}`, "a transaction of another type"))
+	if called || !handlers.IsPermanent(err) || !strings.Contains(err.Error(), "string") || !strings.Contains(err.Error(), "fakeTx") {
+		t.Fatalf("err = %v (handler ran: %v); want a permanent error naming both types", err, called)
 	}
 }

@@ -58,7 +58,7 @@ func TestConsumer_DatabaseOutageBacksOffAndLosesNothing(t *testing.T) {
 			proxy.Cut()
 			before := proxy.Attempts()
 			writeEvents(t, pgDB(pg), topic, keys(nKeys), perPhase/nKeys) // relayed while the consumer cannot reach its database
-			<-time.After(outage)                                   // the outage itself: a fault held for its duration, not a wait for a condition
+			<-time.After(outage)                                         // the outage itself: a fault held for its duration, not a wait for a condition
 			attempts := proxy.Attempts() - before
 			proxy.Restore()
 
