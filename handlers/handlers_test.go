@@ -15,7 +15,7 @@ import (
 
 // fakeTx stands in for the inbox's transaction, of the store driver's type: the handlers only pass
 // it through.
-type fakeTx struct{ name string }
+type fakeTx struct{ _ int }
 
 type order struct {
 	ID    string `json:"id"`

@@ -17,6 +17,7 @@ import (
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/middleware"
+	"github.com/outboxkit/outboxkit/store/storetest"
 )
 
 const (
@@ -151,7 +152,7 @@ func conformanceRun(t *testing.T, db testDB, bc backendCase, crash bool) conform
 	writeEvents(t, db, topic, keys(conformanceKeys), conformanceEvents/conformanceKeys)
 	pub := &duplicatingPublisher{Publisher: b.Publisher}
 	relay := newRelay(t, db, pub, func(c *forwarder.Config) { c.BatchSize = 200 })
-	run(t, relay)
+	storetest.RunForwarder(t, relay)
 
 	count := func(group string) int { return countEffects(t, db, group) }
 	if crash {

@@ -10,6 +10,7 @@ import (
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/middleware"
+	"github.com/outboxkit/outboxkit/store/storetest"
 )
 
 // The consumers' database goes away for 10 s mid-stream (a restart, a failover): every session is
@@ -50,7 +51,7 @@ func TestConsumer_DatabaseOutageBacksOffAndLosesNothing(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			startEffectConsumer(t, ctx, pgDB(pg), b, topic, "app", withStack(func(cfg *middleware.StackConfig) { cfg.Store = pg.StoreOn(t, pool) }))
-			run(t, newRelay(t, pgDB(pg), b.Publisher))
+			storetest.RunForwarder(t, newRelay(t, pgDB(pg), b.Publisher))
 
 			writeEvents(t, pgDB(pg), topic, keys(nKeys), perPhase/nKeys)
 			testenv.Eventually(t, 60*time.Second, "the first events to be applied", func() bool { return countEffects(t, pgDB(pg), "app") >= perPhase/2 })

@@ -13,6 +13,7 @@ import (
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/store/storetest"
 )
 
 // Every backend this machine can interrupt loses its connections (the relay's and the consumer's)
@@ -54,7 +55,7 @@ func runDisconnect(t *testing.T, scheme string, proxy *testenv.Proxy, url string
 	relay := newRelay(t, pgDB(pg), b.Publisher, func(c *forwarder.Config) {
 		c.PublishTimeout = 2 * time.Second // a publish into the cut connection gives up soon
 	})
-	run(t, relay)
+	storetest.RunForwarder(t, relay)
 
 	writeEvents(t, pgDB(pg), topic, keys(nKeys), perPhase/nKeys)
 	testenv.Eventually(t, 60*time.Second, "the first events to be applied", func() bool { return countEffects(t, pgDB(pg), "app") >= perPhase/2 })

@@ -17,6 +17,7 @@ import (
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store/storetest"
 )
 
 // A handler returns a follow-up event (Watermill's AddHandler: the router publishes what the
@@ -59,7 +60,7 @@ func TestConsumer_HandlerOutputSurvivesACrashAfterCommit(t *testing.T) {
 
 	// The consumer's own service relays its outbox, as the writer's does.
 	relay := newRelay(t, pgDB(pg), amqpPublisher(t, url))
-	run(t, relay)
+	storetest.RunForwarder(t, relay)
 	downstream.WaitFor(t, 1, 30*time.Second)
 	testenv.Eventually(t, 30*time.Second, "the consumer's outbox to drain", func() bool {
 		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE published_at IS NULL`) == 0

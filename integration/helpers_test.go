@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"context"
 	"fmt"
 	"strconv"
 	"testing"
@@ -69,30 +68,6 @@ func newRelay(t testing.TB, db testDB, pub message.Publisher, tune ...func(*forw
 		t.Fatal(err)
 	}
 	return f
-}
-
-// run starts f.Run until the test ends and waits until it is listening.
-func run(t testing.TB, f *forwarder.Forwarder) {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Run: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("Run did not stop within 10s of cancel")
-		}
-	})
-	select {
-	case <-f.Running():
-	case <-time.After(10 * time.Second):
-		t.Fatal("relay did not start within 10s")
-	}
 }
 
 // assertPerKeyOrder checks that each key's messages first arrived in increasing outbox seq order.

@@ -16,6 +16,7 @@ import (
 
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/store/storetest"
 )
 
 // createKafkaTopic creates topic with the given number of partitions on the broker at url.
@@ -52,7 +53,7 @@ func TestKafka_ConsumerKilledRepeatedlyTheGroupSettles(t *testing.T) {
 	createKafkaTopic(t, url, topic, 4)
 	group := testenv.UniqueName(t, "app") // groups live on in the shared broker: one of the test's own
 	b := openBackend(t, url, kafkaOpts)
-	run(t, newRelay(t, pgDB(pg), b.Publisher))
+	storetest.RunForwarder(t, newRelay(t, pgDB(pg), b.Publisher))
 
 	start := func() *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperKafkaConsumer$", "-test.v")

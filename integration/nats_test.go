@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/store/storetest"
 )
 
 // On NATS, messages a consumer was handed must not be lost to it for a long AckWait. A handler
@@ -48,7 +49,7 @@ func TestNATS_BlockedOrCutConsumerGetsItsMessagesBackSoon(t *testing.T) {
 					<-release
 				}
 			}))
-			run(t, newRelay(t, pgDB(pg), producer.Publisher))
+			storetest.RunForwarder(t, newRelay(t, pgDB(pg), producer.Publisher))
 
 			writeEvents(t, pgDB(pg), topic, keys(nKeys), perPhase/nKeys)
 			testenv.Eventually(t, 60*time.Second, "the first phase", func() bool { return countEffects(t, pgDB(pg), group) >= perPhase })

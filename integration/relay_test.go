@@ -17,6 +17,7 @@ import (
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/faults"
 	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/store/storetest"
 )
 
 // The relay's rows of the failure matrix, through RabbitMQ, on every store.
@@ -65,7 +66,7 @@ func relayRandomFailures(t *testing.T, db testDB) {
 		return nil
 	}}
 	relay := newRelay(t, db, pub, func(c *forwarder.Config) { c.MaxAttempts = 1000; c.MaxInFlight = 16 })
-	run(t, relay)
+	storetest.RunForwarder(t, relay)
 
 	got := q.WaitFor(t, len(msgs), 60*time.Second)
 	if injected.Load() < 100 {
@@ -87,7 +88,7 @@ func relayTwoRunLoops(t *testing.T, db testDB) {
 	topic := testenv.UniqueName(t, "orders")
 	q := testenv.BindQueue(t, url, topic)
 	for i := 0; i < 2; i++ {
-		run(t, newRelay(t, db, amqpPublisher(t, url), func(c *forwarder.Config) {
+		storetest.RunForwarder(t, newRelay(t, db, amqpPublisher(t, url), func(c *forwarder.Config) {
 			c.Store = db.Another(t)
 			c.BatchSize = 50
 		}))
@@ -119,7 +120,7 @@ func relayBrokerOutage(t *testing.T, db testDB) {
 		c.PublishTimeout = 2 * time.Second
 		c.Registerer = reg
 	})
-	run(t, relay)
+	storetest.RunForwarder(t, relay)
 
 	before := writeEvents(t, db, topic, keys(10), 1)
 	q.WaitFor(t, len(before), 30*time.Second)
@@ -178,7 +179,7 @@ func relayCrashBeforeMark(t *testing.T, db testDB) {
 		}
 		return nil
 	})
-	run(t, relay)
+	storetest.RunForwarder(t, relay)
 	testenv.Eventually(t, 60*time.Second, "every row to be marked published", func() bool {
 		return db.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE published_at IS NULL`) == 0
 	})
@@ -221,7 +222,7 @@ func TestRelay_CrashAfterPublishBeforeMark(t *testing.T) {
 			pg.Int(t, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`, app)
 		}
 	}}
-	run(t, newRelay(t, pgDB(pg), pub, func(c *forwarder.Config) { c.Store = pg.StoreOn(t, pool); c.MaxInFlight = 1 }))
+	storetest.RunForwarder(t, newRelay(t, pgDB(pg), pub, func(c *forwarder.Config) { c.Store = pg.StoreOn(t, pool); c.MaxInFlight = 1 }))
 
 	testenv.Eventually(t, 30*time.Second, "every row to be marked published", func() bool {
 		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE published_at IS NULL`) == 0
@@ -251,7 +252,7 @@ func TestRelay_NotifyLatencyThroughRabbitMQ(t *testing.T) {
 	url := testenv.AMQPURL(t)
 	topic := testenv.UniqueName(t, "orders")
 	q := testenv.BindQueue(t, url, topic)
-	run(t, newRelay(t, pgDB(pg), amqpPublisher(t, url), func(c *forwarder.Config) { c.PollInterval = 10 * time.Second }))
+	storetest.RunForwarder(t, newRelay(t, pgDB(pg), amqpPublisher(t, url), func(c *forwarder.Config) { c.PollInterval = 10 * time.Second }))
 	var lat []time.Duration
 	for i := 0; i < 20; i++ {
 		start := time.Now()

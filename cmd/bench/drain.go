@@ -89,12 +89,12 @@ func benchDrain(ctx context.Context, c config) ([]series, error) {
 			return nil, fmt.Errorf("outboxkit drain: %w", err)
 		}
 		ours.add(o)
-		s, err := drainStock(ctx, c, pool, rep, stockTuned)
+		s, err := drainStock(ctx, c, stockPostgres(pool), rep, stockTuned)
 		if err != nil {
 			return nil, fmt.Errorf("stock drain: %w", err)
 		}
 		stock.add(s)
-		d, err := drainStock(ctx, c, pool, rep, stockDefaults)
+		d, err := drainStock(ctx, c, stockPostgres(pool), rep, stockDefaults)
 		if err != nil {
 			return nil, fmt.Errorf("stock drain: %w", err)
 		}
@@ -316,18 +316,39 @@ func preloadOutboxkit(ctx context.Context, pool *pgxpool.Pool, schema, topic str
 	return nil
 }
 
+// stockSQL is where stock Watermill keeps its topic: watermill-sql's schema and offsets adapters
+// for a database, and how to drop a topic's tables.
+type stockSQL struct {
+	name     string
+	beginner wsql.Beginner
+	schema   func(batchSize int) wsql.SchemaAdapter
+	offsets  wsql.OffsetsAdapter
+	drop     func(fwdTopic string)
+}
+
+func stockPostgres(pool *pgxpool.Pool) stockSQL {
+	return stockSQL{
+		name:     "postgres",
+		beginner: wsql.BeginnerFromPgx(pool),
+		schema:   func(n int) wsql.SchemaAdapter { return wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: n} },
+		offsets:  wsql.DefaultPostgreSQLOffsetsAdapter{},
+		drop: func(t string) {
+			_, _ = pool.Exec(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS "watermill_%s", "watermill_offsets_%s"`, t, t))
+		},
+	}
+}
+
 // drainStock preloads a watermill-sql topic through Watermill's forwarder publisher (the envelope
 // its forwarder expects), then times Watermill's forwarder draining it to watermill-amqp.
-func drainStock(ctx context.Context, c config, pool *pgxpool.Pool, rep int, tuning stockTuning) (float64, error) {
-	suffix := fmt.Sprintf("%s_%d_%d", tuning.name, rep, time.Now().UnixNano()%1e9)
+func drainStock(ctx context.Context, c config, db stockSQL, rep int, tuning stockTuning) (float64, error) {
+	suffix := fmt.Sprintf("%s_%s_%d_%d", db.name, tuning.name, rep, time.Now().UnixNano()%1e9)
 	fwdTopic := "bench_stock_" + suffix
 	topic := "bench.stock." + suffix
 	logger := watermill.NopLogger{}
-	beginner := wsql.BeginnerFromPgx(pool)
-	schemaAdapter := wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: tuning.batchSize}
-	defer pool.Exec(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS "watermill_%s", "watermill_offsets_%s"`, fwdTopic, fwdTopic)) //nolint:errcheck
+	schemaAdapter := db.schema(tuning.batchSize)
+	defer db.drop(fwdTopic)
 
-	sqlPub, err := wsql.NewPublisher(beginner, wsql.PublisherConfig{SchemaAdapter: schemaAdapter, AutoInitializeSchema: true}, logger)
+	sqlPub, err := wsql.NewPublisher(db.beginner, wsql.PublisherConfig{SchemaAdapter: schemaAdapter, AutoInitializeSchema: true}, logger)
 	if err != nil {
 		return 0, err
 	}
@@ -356,11 +377,11 @@ func drainStock(ctx context.Context, c config, pool *pgxpool.Pool, rep int, tuni
 		return 0, err
 	}
 	defer amqpPub.Close()
-	sub, err := wsql.NewSubscriber(beginner, wsql.SubscriberConfig{
+	sub, err := wsql.NewSubscriber(db.beginner, wsql.SubscriberConfig{
 		ConsumerGroup:    "bench",
 		PollInterval:     tuning.pollInterval,
 		SchemaAdapter:    schemaAdapter,
-		OffsetsAdapter:   wsql.DefaultPostgreSQLOffsetsAdapter{},
+		OffsetsAdapter:   db.offsets,
 		InitializeSchema: true,
 	}, logger)
 	if err != nil {

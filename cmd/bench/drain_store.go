@@ -8,13 +8,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill"
-	wamqp "github.com/ThreeDotsLabs/watermill-amqp/v3/pkg/amqp"
 	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
-	wforwarder "github.com/ThreeDotsLabs/watermill/components/forwarder"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxkit/outboxkit/backends"
@@ -194,71 +190,15 @@ func drainStockMySQL(ctx context.Context, c config, rep int) (float64, error) {
 	}
 	defer db.Close()
 	db.SetMaxOpenConns(stores.DefaultMaxConns)
-	tuning := stockTuned
-	suffix := fmt.Sprintf("%d_%d", rep, time.Now().UnixNano()%1e9)
-	fwdTopic := "bench_stock_mysql_" + suffix
-	topic := "bench.stock.mysql." + suffix
-	logger := watermill.NopLogger{}
-	beginner := wsql.BeginnerFromStdSQL(db)
-	schemaAdapter := wsql.DefaultMySQLSchema{SubscribeBatchSize: tuning.batchSize}
-	defer db.Exec(fmt.Sprintf("DROP TABLE IF EXISTS `watermill_%s`, `watermill_offsets_%s`", fwdTopic, fwdTopic)) //nolint:errcheck
-
-	sqlPub, err := wsql.NewPublisher(beginner, wsql.PublisherConfig{SchemaAdapter: schemaAdapter, AutoInitializeSchema: true}, logger)
-	if err != nil {
-		return 0, err
-	}
-	envelopes := wforwarder.NewPublisher(sqlPub, wforwarder.PublisherConfig{ForwarderTopic: fwdTopic})
-	for start := 0; start < c.events; start += 1000 {
-		var msgs []*message.Message
-		for i := start; i < min(start+1000, c.events); i++ {
-			body, key := payload(i, c.keys)
-			msgs = append(msgs, pipeline.NewEvent("OrderPlaced", key, body))
-		}
-		if err := envelopes.Publish(topic, msgs...); err != nil {
-			return 0, err
-		}
-	}
-	cnt, err := newCounter(c.brokerURL, topic, c.events)
-	if err != nil {
-		return 0, err
-	}
-	defer cnt.close()
-	amqpCfg := wamqp.NewDurablePubSubConfig(c.brokerURL, nil)
-	amqpCfg.Publish.ConfirmDelivery = true
-	amqpCfg.Publish.ChannelPoolSize = tuning.channelPool
-	amqpPub, err := wamqp.NewPublisher(amqpCfg, logger)
-	if err != nil {
-		return 0, err
-	}
-	defer amqpPub.Close()
-	sub, err := wsql.NewSubscriber(beginner, wsql.SubscriberConfig{
-		ConsumerGroup:    "bench",
-		PollInterval:     tuning.pollInterval,
-		SchemaAdapter:    schemaAdapter,
-		OffsetsAdapter:   wsql.DefaultMySQLOffsetsAdapter{},
-		InitializeSchema: true,
-	}, logger)
-	if err != nil {
-		return 0, err
-	}
-	fwd, err := wforwarder.NewForwarder(sub, amqpPub, logger, wforwarder.Config{ForwarderTopic: fwdTopic})
-	if err != nil {
-		return 0, err
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	start := time.Now()
-	go func() { defer wg.Done(); _ = fwd.Run(runCtx) }()
-	err = cnt.wait(ctx, 10*time.Minute)
-	elapsed := time.Since(start)
-	cancel()
-	_ = fwd.Close()
-	wg.Wait()
-	if err != nil {
-		return 0, err
-	}
-	return rate(c.events, elapsed), nil
+	return drainStock(ctx, c, stockSQL{
+		name:     "mysql",
+		beginner: wsql.BeginnerFromStdSQL(db),
+		schema:   func(n int) wsql.SchemaAdapter { return wsql.DefaultMySQLSchema{SubscribeBatchSize: n} },
+		offsets:  wsql.DefaultMySQLOffsetsAdapter{},
+		drop: func(t string) {
+			_, _ = db.Exec(fmt.Sprintf("DROP TABLE IF EXISTS `watermill_%s`, `watermill_offsets_%s`", t, t))
+		},
+	}, rep, stockTuned)
 }
 
 // redactURL hides a URL's password.

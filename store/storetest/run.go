@@ -20,7 +20,7 @@ func runTests[TTx any]() []test[TTx] {
 
 // RunForwarder starts f.Run until the test ends, checking that it returns promptly and cleanly,
 // and waits until it is running (listening, where the store wakes relays).
-func RunForwarder(t *testing.T, f *forwarder.Forwarder) {
+func RunForwarder(t testing.TB, f *forwarder.Forwarder) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -42,6 +42,7 @@ const timeLayout = "2006-01-02 15:04:05.000000"
 
 // Dialect is MySQL and MariaDB.
 type Dialect struct {
+	sqlstore.TextParams
 	database string
 	q        sqlstore.Queries
 	sql      map[string]string
@@ -56,7 +57,7 @@ func New(database string) (*Dialect, error) {
 		return nil, fmt.Errorf("database name %q is not usable: use lowercase letters, digits and underscores, "+
 			"start with a letter or underscore, at most 50 characters (default %q)", database, DefaultDatabase)
 	}
-	d := &Dialect{database: database, sql: map[string]string{}}
+	d := &Dialect{TextParams: sqlstore.TextParams{Layout: timeLayout}, database: database, sql: map[string]string{}}
 	entries, err := files.ReadDir("sql")
 	if err != nil {
 		panic(err)
@@ -98,16 +99,6 @@ func (d *Dialect) Database() string { return d.database }
 func (d *Dialect) Info() store.Info { return store.Info{Name: "mysql", Namespace: d.database} }
 
 func (d *Dialect) Queries() *sqlstore.Queries { return &d.q }
-
-func (d *Dialect) Int64s(v []int64) any   { return dbexec.ListOf(v) }
-func (d *Dialect) Strings(v []string) any { return dbexec.ListOf(v) }
-func (d *Dialect) Time(t time.Time) any   { return t.UTC().Format(timeLayout) }
-func (d *Dialect) NullTime(t time.Time) any {
-	if t.IsZero() {
-		return nil
-	}
-	return d.Time(t)
-}
 
 func (d *Dialect) MarkFailed(ctx context.Context, q dbexec.Querier, rows []store.FailedRow, now time.Time, extra []any) error {
 	// Failures are rare: one small statement per row, in the pass's transaction.

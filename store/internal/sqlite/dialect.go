@@ -32,6 +32,7 @@ const TimeLayout = "2006-01-02T15:04:05.000000Z"
 
 // Dialect is SQLite.
 type Dialect struct {
+	sqlstore.TextParams
 	name  string // the database's name, for errors
 	q     sqlstore.Queries
 	sql   map[string]string
@@ -42,7 +43,7 @@ type Dialect struct {
 // New returns the dialect of the database named name (a file path, for errors). Writers and
 // relays wake one another through wakeKey: stores built with the same key share wake-ups.
 func New(name, wakeKey string) *Dialect {
-	d := &Dialect{name: name, sql: map[string]string{}, locks: locksFor(wakeKey), wake: broadcasterFor(wakeKey)}
+	d := &Dialect{TextParams: sqlstore.TextParams{Layout: TimeLayout}, name: name, sql: map[string]string{}, locks: locksFor(wakeKey), wake: broadcasterFor(wakeKey)}
 	entries, err := files.ReadDir("sql")
 	if err != nil {
 		panic(err)
@@ -79,16 +80,6 @@ func render(sql string) string { return strings.ReplaceAll(sql, "{{schema}}", "m
 func (d *Dialect) Info() store.Info { return store.Info{Name: "sqlite", Namespace: d.name} }
 
 func (d *Dialect) Queries() *sqlstore.Queries { return &d.q }
-
-func (d *Dialect) Int64s(v []int64) any   { return dbexec.ListOf(v) }
-func (d *Dialect) Strings(v []string) any { return dbexec.ListOf(v) }
-func (d *Dialect) Time(t time.Time) any   { return t.UTC().Format(TimeLayout) }
-func (d *Dialect) NullTime(t time.Time) any {
-	if t.IsZero() {
-		return nil
-	}
-	return d.Time(t)
-}
 
 func (d *Dialect) MarkFailed(ctx context.Context, q dbexec.Querier, rows []store.FailedRow, now time.Time, extra []any) error {
 	type failed struct {

@@ -99,3 +99,17 @@ type Queries struct {
 	// LookupKey(scope, key) → hash, status, headers, body.
 	LookupKey string
 }
+
+// TextParams is the part of a Dialect shared by databases without arrays that are given times as
+// text (MySQL, SQLite): lists expand in place (dbexec.Numbered), times are UTC in Layout.
+type TextParams struct{ Layout string }
+
+func (p TextParams) Int64s(v []int64) any   { return dbexec.ListOf(v) }
+func (p TextParams) Strings(v []string) any { return dbexec.ListOf(v) }
+func (p TextParams) Time(t time.Time) any   { return t.UTC().Format(p.Layout) }
+func (p TextParams) NullTime(t time.Time) any {
+	if t.IsZero() {
+		return nil
+	}
+	return p.Time(t)
+}
