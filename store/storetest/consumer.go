@@ -371,14 +371,25 @@ func inboxHandlerOutput[TTx any](t *testing.T, h Harness[TTx]) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	handled := make(chan string, 10)
+	// Each delivery's outcome, once the whole stack has returned (the inbox committed or rolled back).
+	type outcome struct {
+		uuid string
+		err  error
+	}
+	outcomes := make(chan outcome, 10)
 	hr := router.AddHandler("billing", "orders", bus, "invoices", bus, func(msg *message.Message) ([]*message.Message, error) {
-		defer func() { handled <- msg.UUID }()
 		invoice := pipeline.NewEvent("InvoiceIssued", "inv-"+msg.UUID, []byte(`{}`))
 		if string(msg.Payload) == `"fail after emitting"` {
 			return []*message.Message{invoice}, handlers.Permanent(errors.New("the effect failed"))
 		}
 		return []*message.Message{invoice}, nil
+	})
+	hr.AddMiddleware(func(next message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := next(msg)
+			outcomes <- outcome{msg.UUID, err}
+			return out, err
+		}
 	})
 	hr.AddMiddleware(stack...)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -391,10 +402,16 @@ func inboxHandlerOutput[TTx any](t *testing.T, h Harness[TTx]) {
 		if err := bus.Publish("orders", m); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case <-handled:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("message %s was not handled", m.UUID)
+		for settled := false; !settled; { // acknowledged: processed, or quarantined (DeadLetter acks)
+			select {
+			case o := <-outcomes:
+				if o.err != nil {
+					t.Logf("delivery of %s failed (%v); the broker delivers it again", o.uuid, o.err)
+				}
+				settled = o.uuid == m.UUID && o.err == nil
+			case <-time.After(10 * time.Second):
+				t.Fatalf("message %s was not handled", m.UUID)
+			}
 		}
 	}
 	if !waitFor(10*time.Second, func() bool { return e.count(t, "dead_letters", "billing", "m-bad") == 1 }) {
