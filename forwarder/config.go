@@ -27,6 +27,13 @@ const (
 	// DefaultPollIntervalWithoutWake is the poll of a store whose writers do not wake relays
 	// (MySQL, Postgres without LISTEN): one probe of the pending rows' index each time.
 	DefaultPollIntervalWithoutWake = 100 * time.Millisecond
+
+	// DefaultAwakePoll is the poll of a relay kept awake by traffic, while writers do not wake it.
+	DefaultAwakePoll = 5 * time.Millisecond
+	// DefaultAwakeFor is how long a busy relay tells writers it is awake, renewed while busy.
+	DefaultAwakeFor = time.Second
+	// DefaultAwakeAbove is the commit rate, in rows a second, above which a relay stays awake.
+	DefaultAwakeAbove = 500
 )
 
 // DefaultBackoff spaces the attempts of a message that failed: 1s, 2s, 4s … capped at 5 minutes,
@@ -68,6 +75,21 @@ type Config struct {
 	// Default DefaultPollInterval (1s), or DefaultPollIntervalWithoutWake (100ms) for a store
 	// whose writers do not wake relays.
 	PollInterval time.Duration
+
+	// AwakePoll is the poll of a relay that traffic keeps awake, where the store lets writers skip
+	// the wake-up meanwhile (Postgres, whose NOTIFY serialises the writers' commits, which costs
+	// more than the row itself under many writers). A relay becomes awake while it relays more
+	// than AwakeAbove rows a second: it tells writers so for AwakeFor (renewed while busy), polls
+	// every AwakePoll, and goes back to being woken once the rate drops and AwakeFor has run out.
+	// Below that rate each commit wakes it, which is faster than any poll. Default
+	// DefaultAwakePoll (5ms). DisableAwake keeps writers waking it every time.
+	AwakePoll time.Duration
+	// AwakeAbove: see AwakePoll. Default DefaultAwakeAbove (500 rows a second).
+	AwakeAbove int
+	// AwakeFor: see AwakePoll. Default DefaultAwakeFor (1s).
+	AwakeFor time.Duration
+	// DisableAwake: see AwakePoll. Default false.
+	DisableAwake bool
 
 	// MaxAttempts is how many message-specific failures a row may have before it is dead-lettered.
 	// Transport failures (broker unreachable) never count. Default 10.
@@ -150,6 +172,15 @@ func (c Config) withDefaults() Config {
 			c.PollInterval = DefaultPollIntervalWithoutWake
 		}
 	}
+	if c.AwakePoll == 0 {
+		c.AwakePoll = DefaultAwakePoll
+	}
+	if c.AwakeFor == 0 {
+		c.AwakeFor = DefaultAwakeFor
+	}
+	if c.AwakeAbove == 0 {
+		c.AwakeAbove = DefaultAwakeAbove
+	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
 	}
@@ -213,6 +244,9 @@ func (c Config) validate() error {
 		}
 	}
 	positiveDur("PollInterval", c.PollInterval)
+	positiveDur("AwakePoll", c.AwakePoll)
+	positiveDur("AwakeFor", c.AwakeFor)
+	positive("AwakeAbove", c.AwakeAbove)
 	positiveDur("PublishTimeout", c.PublishTimeout)
 	positiveDur("Retention.Age", c.Retention.Age)
 	positiveDur("Retention.Interval", c.Retention.Interval)

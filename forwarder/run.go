@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // Run relays until ctx ends, then returns nil once every goroutine it started has stopped.
@@ -29,9 +31,13 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	}()
 
 	wake := make(chan struct{}, 1)
+	var awaker store.Awaker
 	if waker := f.cfg.Store.Waker(); waker == nil {
 		f.markStarted()
 	} else {
+		if a, ok := waker.(store.Awaker); ok && !f.cfg.DisableAwake {
+			awaker = a
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -58,6 +64,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		"woken_by_writers": f.cfg.Store.Waker() != nil, "poll_interval": f.cfg.PollInterval,
 	})
 	dbFailures := 0
+	var aw awakeState
 	for {
 		res, err := f.DispatchBatch(ctx)
 		if ctx.Err() != nil {
@@ -85,9 +92,13 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		case res.Claimed >= f.cfg.BatchSize:
 			dbFailures = 0
 			wait = 0 // more is probably waiting
+			f.stayAwake(ctx, awaker, &aw, res.Claimed)
 		default:
 			dbFailures = 0
 			wait = jittered(f.cfg.PollInterval, 0.1)
+			if f.stayAwake(ctx, awaker, &aw, res.Claimed) {
+				wait = f.cfg.AwakePoll
+			}
 		}
 		if wait == 0 {
 			continue
@@ -107,6 +118,44 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		}
 		timer.Stop()
 	}
+}
+
+// awakeState is what a relay has measured and told writers about being awake.
+type awakeState struct {
+	busy        bool      // rows come faster than AwakeAbove a second
+	windowStart time.Time // the rate is measured over windows of a quarter second
+	windowRows  int
+	until       time.Time // as far as the relay knows, writers skip the wake-up until then
+}
+
+// stayAwake keeps the relay awake while it is busy: it measures the rate of the rows it claims,
+// tells writers it is awake while the rate is above AwakeAbove (renewing AwakeFor before it runs
+// out) and reports whether the relay should poll at AwakePoll instead of sleeping — also for a
+// while after it stops being busy, until the writers it told have gone back to waking it, so that
+// a row whose writer skipped the wake-up is not left for the next PollInterval.
+func (f *Forwarder) stayAwake(ctx context.Context, a store.Awaker, s *awakeState, claimed int) bool {
+	if a == nil {
+		return false
+	}
+	now := f.cfg.Now()
+	if s.windowStart.IsZero() {
+		s.windowStart = now
+	}
+	s.windowRows += claimed
+	if elapsed := now.Sub(s.windowStart); elapsed >= 250*time.Millisecond {
+		s.busy = float64(s.windowRows)/elapsed.Seconds() > float64(f.cfg.AwakeAbove)
+		s.windowStart, s.windowRows = now, 0
+	}
+	busy := s.busy && claimed > 0
+	if busy && s.until.Sub(now) < f.cfg.AwakeFor/2 {
+		if err := a.Awake(ctx, f.cfg.AwakeFor); err != nil {
+			f.cfg.Logger.Error("Cannot tell writers the relay is awake", err, watermill.LogFields{"forwarder": f.cfg.Name})
+			return false
+		}
+		s.until = now.Add(f.cfg.AwakeFor)
+	}
+	// Until the last writer told has committed: AwakeFor, and a margin for its transaction.
+	return busy || now.Before(s.until.Add(50*time.Millisecond))
 }
 
 // Running is closed once the first Run is relaying and, where the store's writers wake relays,

@@ -176,6 +176,13 @@ type Waker interface {
 	Listen(ctx context.Context, wake, listening func(), logErr func(error))
 }
 
+// Awaker is implemented by a Waker whose writers can skip the wake-up while a relay says it is
+// awake (Postgres: a NOTIFY costs writers under load). A relay that runs passes back to back and
+// polls between them calls Awake; writers wake relays again once d has passed.
+type Awaker interface {
+	Awake(ctx context.Context, d time.Duration) error
+}
+
 // OutboxStats describes the outbox's backlog.
 type OutboxStats struct {
 	Pending            int           // rows waiting to be published (including rows backing off)
@@ -286,6 +293,10 @@ type InboxTx interface {
 	// InsertInbox inserts the message's inbox row first; false when it exists (a duplicate): a
 	// concurrent delivery of the same message waits for this transaction and then finds it.
 	InsertInbox(ctx context.Context, consumer, messageID string, now time.Time) (inserted bool, err error)
+	// InsertInboxes is InsertInbox for a batch of messages, in one statement where the database
+	// allows, in sorted order (so that two batches sharing messages never deadlock); it returns
+	// the ids it inserted (the others are duplicates). An id may appear more than once.
+	InsertInboxes(ctx context.Context, consumer string, messageIDs []string, now time.Time) (inserted map[string]bool, err error)
 	// LockVersion returns the last version applied for a key, locked for the rest of the
 	// transaction; found is false for a key never seen.
 	LockVersion(ctx context.Context, consumer, key string) (version int64, found bool, err error)

@@ -24,6 +24,7 @@ import (
 	"github.com/outboxkit/outboxkit/idempotency"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/pgxstore"
 	"github.com/outboxkit/outboxkit/store/storetest"
 )
@@ -419,5 +420,105 @@ func TestUnreachableIsToldApartFromRefused(t *testing.T) {
 	_, cut := pg.Pool.Exec(context.Background(), `SELECT pg_terminate_backend(pg_backend_pid())`)
 	if cut == nil || !pg.Store.Unreachable(cut) {
 		t.Fatalf("a session cut by the server (%v) not counted as unreachable", cut)
+	}
+}
+
+// While a relay says it is awake, writers do not notify; once the time it gave has passed they do
+// again.
+func TestWritersSkipNotifyWhileARelayIsAwake(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewPG(t)
+	ctx := context.Background()
+	listener, err := pgx.Connect(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, `LISTEN "`+string(pg.Schema)+`_outbox"`); err != nil {
+		t.Fatal(err)
+	}
+	notified := func(d time.Duration) bool {
+		ctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		_, err := listener.WaitForNotification(ctx)
+		return err == nil
+	}
+	awaker, ok := pg.Store.Waker().(store.Awaker)
+	if !ok {
+		t.Fatal("the pgx store's waker cannot be told a relay is awake")
+	}
+	if err := awaker.Awake(ctx, 2*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	publish(t, pg, pg.Store, "k", 1)
+	if notified(300 * time.Millisecond) {
+		t.Fatal("a writer notified while a relay said it was awake")
+	}
+	testenv.Eventually(t, 10*time.Second, "the awake time to pass", func() bool { return time.Since(start) > 2100*time.Millisecond })
+	publish(t, pg, pg.Store, "k", 1)
+	if !notified(5 * time.Second) {
+		t.Fatal("no notification once the relay's awake time had passed")
+	}
+}
+
+// Under a stream of commits the relay says it is awake and polls; every row is published, none
+// waits for the 10s poll; once the stream stops and the relay sleeps again, a commit wakes it.
+func TestBusyRelayStaysAwakeAndSleepsAgain(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewPG(t)
+	rec := recorder{sent: make(chan string, 100000)}
+	f, err := forwarder.New(forwarder.Config{Store: pg.Store, Publisher: rec, PollInterval: 10 * time.Second,
+		AwakeFor: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	storetest.RunForwarder(t, f)
+	awakeSeen := false
+	var written int
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	var wg sync.WaitGroup
+	for w := 0; w < 4; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				publish(t, pg, pg.Store, fmt.Sprint("k", w), 1)
+			}
+		}()
+	}
+	for time.Now().Before(deadline) {
+		if pg.Int(t, `SELECT count(*) FROM {{schema}}.relay_awake WHERE awake_until > clock_timestamp()`) == 1 {
+			awakeSeen = true
+		}
+		<-time.After(20 * time.Millisecond)
+	}
+	wg.Wait()
+	written = pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox`)
+	if !awakeSeen {
+		t.Fatalf("the relay never said it was awake during a stream of %d commits", written)
+	}
+	testenv.Eventually(t, 5*time.Second, "every row of the stream to be published", func() bool {
+		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE published_at IS NULL`) == 0
+	})
+	testenv.Eventually(t, 5*time.Second, "the relay to stop saying it is awake", func() bool {
+		return pg.Int(t, `SELECT count(*) FROM {{schema}}.relay_awake WHERE awake_until > clock_timestamp()`) == 0
+	})
+	for len(rec.sent) > 0 {
+		<-rec.sent
+	}
+	start := time.Now()
+	msg := publish(t, pg, pg.Store, "after", 1)[0]
+	for {
+		select {
+		case got := <-rec.sent:
+			if got != msg.UUID {
+				continue // a late duplicate of the stream
+			}
+			t.Logf("%d rows in the stream; after it, a commit published in %s", written, time.Since(start).Round(time.Millisecond))
+			return
+		case <-time.After(5 * time.Second):
+			t.Fatal("after the stream, a commit did not wake the sleeping relay (the poll is 10s)")
+		}
 	}
 }

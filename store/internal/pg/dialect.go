@@ -77,6 +77,7 @@ func New(cfg Config) (*Dialect, error) {
 		DeletePublished:       read("delete_published.sql"),
 		Seen:                  read("seen.sql"),
 		InsertInbox:           read("insert_inbox.sql"),
+		InsertInboxes:         read("insert_inboxes.sql"),
 		CountDuplicate:        read("count_duplicate.sql"),
 		Quarantine:            read("quarantine.sql"),
 		DeliveryCount:         read("delivery_count.sql"),
@@ -210,7 +211,10 @@ func InsertQuery(schema Name, msgs []store.OutboxMessage, notify bool) (string, 
 		args = append(args, m.UUID, m.Topic, key, payload, string(m.Metadata))
 	}
 	if notify {
-		fmt.Fprintf(&q, "\n)\nSELECT pg_notify($%d, '')", len(args)+1)
+		// Only when no relay says it is awake (relay_awake): an awake relay polls, and a NOTIFY
+		// serialises the writers' commits.
+		fmt.Fprintf(&q, "\n)\nSELECT pg_notify($%d, '') WHERE NOT EXISTS (SELECT 1 FROM %s.relay_awake WHERE awake_until > clock_timestamp())",
+			len(args)+1, schema.Ident())
 		args = append(args, schema.NotifyChannel())
 	}
 	return q.String(), args, nil
@@ -222,6 +226,13 @@ func (d *Dialect) InsertOutbox(ctx context.Context, q dbexec.Querier, msgs []sto
 		return err
 	}
 	_, err = q.Exec(ctx, query, args...)
+	return err
+}
+
+// Awake tells writers that a relay is awake for d: they skip pg_notify until then.
+func (d *Dialect) Awake(ctx context.Context, q dbexec.Querier, dur time.Duration) error {
+	_, err := q.Exec(ctx, "UPDATE "+d.schema.Ident()+".relay_awake SET awake_until = clock_timestamp() + $1 * interval '1 microsecond'",
+		dur.Microseconds())
 	return err
 }
 

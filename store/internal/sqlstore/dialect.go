@@ -68,6 +68,9 @@ type Queries struct {
 	Seen string
 	// InsertInbox(consumer, id, now): 1 row affected when inserted, 0 when present.
 	InsertInbox string
+	// InsertInboxes(consumer, ids, now) → the ids inserted, in one statement; "": InsertInbox once
+	// per id.
+	InsertInboxes string
 	// CountDuplicate(consumer, id).
 	CountDuplicate string
 	// Quarantine(consumer, topic, id, payload, metadata, reason, deliveries, now).

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/outboxkit/outboxkit"
@@ -53,7 +54,27 @@ func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.Claim, er
 	return c, nil
 }
 
-func (s *Store) Waker() store.Waker { return s.d.Waker() }
+func (s *Store) Waker() store.Waker {
+	w := s.d.Waker()
+	if a, ok := s.d.(awakeDialect); ok && w != nil {
+		return awakeWaker{Waker: w, awake: func(ctx context.Context, d time.Duration) error {
+			return s.d.Classify(a.Awake(ctx, s.db, d))
+		}}
+	}
+	return w
+}
+
+// awakeDialect is a dialect whose writers skip the wake-up while a relay says it is awake.
+type awakeDialect interface {
+	Awake(ctx context.Context, q dbexec.Querier, d time.Duration) error
+}
+
+type awakeWaker struct {
+	store.Waker
+	awake func(context.Context, time.Duration) error
+}
+
+func (w awakeWaker) Awake(ctx context.Context, d time.Duration) error { return w.awake(ctx, d) }
 
 func (s *Store) OutboxStats(ctx context.Context, now time.Time) (store.OutboxStats, error) {
 	var (
@@ -411,6 +432,34 @@ type inboxTx struct{ userTx }
 func (t inboxTx) InsertInbox(ctx context.Context, consumer, messageID string, now time.Time) (bool, error) {
 	n, err := t.tx.Exec(ctx, t.s.q.InsertInbox, consumer, messageID, t.s.d.Time(now))
 	return n == 1, t.s.d.Classify(err)
+}
+
+func (t inboxTx) InsertInboxes(ctx context.Context, consumer string, messageIDs []string, now time.Time) (map[string]bool, error) {
+	ids := slices.Compact(slices.Sorted(slices.Values(messageIDs)))
+	inserted := make(map[string]bool, len(ids))
+	if t.s.q.InsertInboxes == "" {
+		for _, id := range ids {
+			n, err := t.tx.Exec(ctx, t.s.q.InsertInbox, consumer, id, t.s.d.Time(now))
+			if err != nil {
+				return nil, t.s.d.Classify(err)
+			}
+			inserted[id] = n == 1
+		}
+		return inserted, nil
+	}
+	rows, err := t.tx.Query(ctx, t.s.q.InsertInboxes, consumer, t.s.d.Strings(ids), t.s.d.Time(now))
+	if err != nil {
+		return nil, t.s.d.Classify(err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			return nil, t.s.d.Classify(err)
+		}
+		inserted[id] = true
+	}
+	return inserted, t.s.d.Classify(rows.Err())
 }
 
 func (t inboxTx) LockVersion(ctx context.Context, consumer, key string) (int64, bool, error) {
