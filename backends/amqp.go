@@ -516,7 +516,7 @@ func openAMQP(rawURL string, opts Options) (*Backend, error) {
 	return &Backend{
 		Publisher: pub,
 		newSubscriber: func(group string) (Subscriber, error) {
-			sub, err := NewAMQPSubscriber(AMQPSubscriberConfig{URL: rawURL, ConsumerGroup: group, Prefetch: opts.Prefetch,
+			sub, err := NewAMQPSubscriber(AMQPSubscriberConfig{URL: rawURL, ConsumerGroup: group, Prefetch: opts.Prefetch, Unacked: opts.Unacked,
 				QuorumQueues: opts.QuorumQueues, Logger: opts.Logger})
 			if err != nil {
 				return nil, err

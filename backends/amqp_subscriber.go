@@ -25,6 +25,12 @@ type AMQPSubscriberConfig struct {
 	ConsumerGroup string
 	// Prefetch is how many unacknowledged messages the broker hands over at once. Default 16.
 	Prefetch int
+	// Unacked is how many messages a subscription hands out before the first is acknowledged.
+	// Default 1: one at a time, as Watermill's subscribers do, which the router needs for per-key
+	// order. A batching consumer (middleware.BatchConsumer) sets it to its batch size, so that a
+	// batch can fill; acknowledgements may then come in any order. Prefetch is raised to at least
+	// Unacked.
+	Unacked int
 	// QuorumQueues declares the group's queue as a quorum queue. Default false (classic durable).
 	QuorumQueues bool
 	// Reconnect paces the attempts to reach the broker again after a lost connection.
@@ -62,6 +68,10 @@ func NewAMQPSubscriber(cfg AMQPSubscriberConfig) (*AMQPSubscriber, error) {
 	if cfg.Prefetch == 0 {
 		cfg.Prefetch = 16
 	}
+	if cfg.Unacked == 0 {
+		cfg.Unacked = 1
+	}
+	cfg.Prefetch = max(cfg.Prefetch, cfg.Unacked)
 	if cfg.Reconnect == (outboxkit.Backoff{}) {
 		cfg.Reconnect = outboxkit.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2}
 	}
@@ -74,8 +84,8 @@ func NewAMQPSubscriber(cfg AMQPSubscriberConfig) (*AMQPSubscriber, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = watermill.NopLogger{}
 	}
-	if cfg.Prefetch < 0 || cfg.DialTimeout < 0 || cfg.Heartbeat < 0 {
-		return nil, errors.New("amqp subscriber: Prefetch, DialTimeout and Heartbeat must not be negative")
+	if cfg.Prefetch < 0 || cfg.Unacked < 0 || cfg.DialTimeout < 0 || cfg.Heartbeat < 0 {
+		return nil, errors.New("amqp subscriber: Prefetch, Unacked, DialTimeout and Heartbeat must not be negative")
 	}
 	if err := cfg.Reconnect.Validate("Reconnect"); err != nil {
 		return nil, fmt.Errorf("amqp subscriber: %w", err)
@@ -185,13 +195,16 @@ func (s *AMQPSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 		s.wg.Done()
 		return nil, fmt.Errorf("amqp subscriber %s on %s: %w", s.cfg.ConsumerGroup, topic, err)
 	}
-	out := make(chan *message.Message)
+	// With Unacked > 1 the channel holds what is handed out and not yet taken, so a consumer
+	// busy with a batch finds the next one waiting.
+	out := make(chan *message.Message, s.cfg.Unacked-1)
+	window := make(chan struct{}, s.cfg.Unacked) // a slot per message handed out and not settled
 	go func() {
 		defer s.wg.Done()
 		defer close(out)
 		fields := watermill.LogFields{"topic": topic, "consumer_group": s.cfg.ConsumerGroup}
 		for {
-			s.forward(ctx, deliveries, out, fields)
+			s.forward(ctx, deliveries, out, window, fields)
 			_ = ch.Close()
 			if !s.reconnect(ctx, topic, fields, &ch, &deliveries) {
 				return
@@ -201,9 +214,10 @@ func (s *AMQPSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 	return out, nil
 }
 
-// forward hands deliveries to the consumer one at a time until the subscription ends or the
-// channel is lost.
-func (s *AMQPSubscriber) forward(ctx context.Context, deliveries <-chan amqp.Delivery, out chan<- *message.Message, fields watermill.LogFields) {
+// forward hands deliveries to the consumer, up to Unacked at a time, until the subscription ends
+// or the channel is lost.
+func (s *AMQPSubscriber) forward(ctx context.Context, deliveries <-chan amqp.Delivery, out chan<- *message.Message,
+	window chan struct{}, fields watermill.LogFields) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -214,10 +228,84 @@ func (s *AMQPSubscriber) forward(ctx context.Context, deliveries <-chan amqp.Del
 			if !ok {
 				return
 			}
-			if !s.deliver(ctx, d, out, fields) {
+			if s.cfg.Unacked == 1 {
+				if !s.deliver(ctx, d, out, fields) {
+					return
+				}
+				continue
+			}
+			select { // a free slot in the window
+			case window <- struct{}{}:
+			case <-ctx.Done():
+				_ = d.Nack(false, true)
+				return
+			case <-s.closing:
+				_ = d.Nack(false, true)
+				return
+			}
+			if !s.handOut(ctx, d, out, window, fields) {
 				return
 			}
 		}
+	}
+}
+
+// handOut hands one delivery over without waiting for its settlement, which a goroutine of its
+// own sends to the broker when the consumer acks or nacks (requeue when the subscription ends
+// first) and then frees the delivery's slot in the window. False when the subscription ended.
+func (s *AMQPSubscriber) handOut(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, window chan struct{},
+	fields watermill.LogFields) bool {
+	msg, err := s.unmarshal(d)
+	if err != nil {
+		s.cfg.Logger.Error("Cannot read AMQP delivery, rejecting it", err, fields.Add(watermill.LogFields{"message_id": d.MessageId}))
+		_ = d.Reject(false)
+		<-window
+		return true
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	msg.SetContext(outboxkit.WithRedelivered(mctx, d.Redelivered))
+	select {
+	case out <- msg:
+	case <-ctx.Done():
+		cancel()
+		_ = d.Nack(false, true)
+		<-window
+		return false
+	case <-s.closing:
+		cancel()
+		_ = d.Nack(false, true)
+		<-window
+		return false
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() { <-window }()
+		defer cancel()
+		s.settle(ctx, d, msg, fields)
+	}()
+	return true
+}
+
+// settle waits for the consumer's verdict on msg and sends it to the broker: ack on Ack, requeue
+// on Nack or when the subscription ends first. False when the subscription ended.
+func (s *AMQPSubscriber) settle(ctx context.Context, d amqp.Delivery, msg *message.Message, fields watermill.LogFields) bool {
+	select {
+	case <-msg.Acked():
+		if err := d.Ack(false); err != nil {
+			// The channel is gone: the broker requeues the message and it comes again.
+			s.cfg.Logger.Info("Ack not sent, the message will be delivered again", fields.Add(watermill.LogFields{"err": err}))
+		}
+		return true
+	case <-msg.Nacked():
+		_ = d.Nack(false, true)
+		return true
+	case <-ctx.Done():
+		_ = d.Nack(false, true)
+		return false
+	case <-s.closing:
+		_ = d.Nack(false, true)
+		return false
 	}
 }
 
@@ -244,23 +332,7 @@ func (s *AMQPSubscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<
 		_ = d.Nack(false, true)
 		return false
 	}
-	select {
-	case <-msg.Acked():
-		if err := d.Ack(false); err != nil {
-			// The channel is gone: the broker requeues the message and it comes again.
-			s.cfg.Logger.Info("Ack not sent, the message will be delivered again", fields.Add(watermill.LogFields{"err": err}))
-		}
-		return true
-	case <-msg.Nacked():
-		_ = d.Nack(false, true)
-		return true
-	case <-ctx.Done():
-		_ = d.Nack(false, true)
-		return false
-	case <-s.closing:
-		_ = d.Nack(false, true)
-		return false
-	}
+	return s.settle(ctx, d, msg, fields)
 }
 
 // unmarshal reads a delivery in watermill-amqp's format, or one another producer wrote: without

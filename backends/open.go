@@ -51,6 +51,10 @@ type Options struct {
 	// Prefetch is how many unacknowledged messages the broker hands a consumer at once: RabbitMQ's
 	// prefetch count, the size of a JetStream fetch. Default DefaultPrefetch (16). amqp, nats.
 	Prefetch int
+	// Unacked is how many messages a subscription hands out before the first is acknowledged
+	// (see AMQPSubscriberConfig.Unacked): set it to a batching consumer's batch size. Default 1,
+	// one at a time. amqp. Other brokers' subscribers hand out one message at a time.
+	Unacked int
 	// QuorumQueues declares the consumer groups' queues as quorum queues (replicated). Default
 	// false: classic durable queues. amqp.
 	QuorumQueues bool
@@ -184,6 +188,7 @@ func (o Options) check(scheme string) error {
 		}
 	}
 	set("Prefetch", o.Prefetch != 0, "amqp", "nats")
+	set("Unacked", o.Unacked != 0, "amqp")
 	set("QuorumQueues", o.QuorumQueues, "amqp")
 	set("DuplicateWindow", o.DuplicateWindow != 0, "nats")
 	set("AckWait", o.AckWait != 0, "nats")
@@ -193,7 +198,7 @@ func (o Options) check(scheme string) error {
 	if len(wrong) > 0 {
 		return fmt.Errorf("options that do not apply to %s://: %s", scheme, strings.Join(wrong, "; "))
 	}
-	if o.Prefetch < 0 || o.DuplicateWindow < 0 || o.AckWait < 0 || o.ClaimAfter < 0 || o.PollInterval < 0 {
+	if o.Prefetch < 0 || o.Unacked < 0 || o.DuplicateWindow < 0 || o.AckWait < 0 || o.ClaimAfter < 0 || o.PollInterval < 0 {
 		return errors.New("options must not be negative")
 	}
 	for topic, groups := range o.ConsumerGroups {
