@@ -25,6 +25,9 @@ type delivery struct {
 	locked store.LockedSession
 	// inbox is the inbox's transaction while the handler runs, for the order guard.
 	inbox store.InboxTx
+	// batched is set while the delivery runs in a batch's transaction: whatever cannot be done
+	// there (an order guard's park) fails at once, and the batch falls back to one at a time.
+	batched bool
 }
 
 // session returns the delivery's locked session when DeliveryCount holds one, else the store's.

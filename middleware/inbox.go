@@ -163,7 +163,7 @@ func (in *inbox) emit(ctx context.Context, tx store.InboxTx, msg *message.Messag
 	if len(out) == 0 {
 		return nil
 	}
-	topic := message.PublishTopicFromCtx(ctx)
+	topic := publishTopic(ctx)
 	if topic == "" {
 		return fmt.Errorf("message %s: the handler returned %d messages but has no publish topic: register it with "+
 			"Router.AddHandler and a publish topic, or publish inside the handler with pipeline.NewPublisher", msg.UUID, len(out))
@@ -248,4 +248,23 @@ func PruneInbox(ctx context.Context, cfg PruneConfig, olderThan time.Duration) (
 		}
 	}
 	return deleted, nil
+}
+
+type publishTopicKey struct{}
+
+// withPublishTopic gives the handler's output a topic where no Watermill router sets one (the
+// batch consumer).
+func withPublishTopic(ctx context.Context, topic string) context.Context {
+	if topic == "" {
+		return ctx
+	}
+	return context.WithValue(ctx, publishTopicKey{}, topic)
+}
+
+// publishTopic is the topic a handler's output goes to: the batch consumer's, or the router's.
+func publishTopic(ctx context.Context) string {
+	if t, ok := ctx.Value(publishTopicKey{}).(string); ok {
+		return t
+	}
+	return message.PublishTopicFromCtx(ctx)
 }

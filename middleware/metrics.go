@@ -29,6 +29,30 @@ type MetricsConfig struct {
 // Series: outboxkit_consumer_messages_total{consumer,outcome}, outboxkit_consumer_handler_seconds,
 // outboxkit_consumer_commit_to_effect_seconds.
 func NewMetrics(cfg MetricsConfig) (message.HandlerMiddleware, error) {
+	m, err := newConsumerMetrics(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			d := deliveryOf(msg)
+			start := m.now()
+			out, err := h(msg)
+			m.record(msg, d, err, m.now().Sub(start))
+			return out, err
+		}
+	}, nil
+}
+
+// consumerMetrics are one consumer's series, shared by the Metrics middleware and the batch
+// consumer.
+type consumerMetrics struct {
+	now                                func() time.Time
+	processed, duplicate, dead, failed prometheus.Counter
+	duration, latency                  prometheus.Observer
+}
+
+func newConsumerMetrics(cfg MetricsConfig) (*consumerMetrics, error) {
 	if !consumerName.MatchString(cfg.Consumer) {
 		return nil, errors.New("metrics config: field Consumer is required: name the consuming service")
 	}
@@ -60,30 +84,27 @@ func NewMetrics(cfg MetricsConfig) (message.HandlerMiddleware, error) {
 		return nil, err
 	}
 	outcome := func(o string) prometheus.Counter { return outcomes.WithLabelValues(cfg.Consumer, o) }
-	processed, duplicate, dead, failed := outcome("processed"), outcome("duplicate"), outcome("dead_lettered"), outcome("failed")
-	durationObs, latencyObs := duration.WithLabelValues(cfg.Consumer), latency.WithLabelValues(cfg.Consumer)
-
-	return func(h message.HandlerFunc) message.HandlerFunc {
-		return func(msg *message.Message) ([]*message.Message, error) {
-			d := deliveryOf(msg)
-			start := cfg.Now()
-			out, err := h(msg)
-			end := cfg.Now()
-			durationObs.Observe(end.Sub(start).Seconds())
-			switch {
-			case d.deadLettered:
-				dead.Inc()
-			case d.duplicate:
-				duplicate.Inc()
-			case err != nil:
-				failed.Inc()
-			default:
-				processed.Inc()
-				if created, ok := outboxkit.CreatedAt(msg); ok {
-					latencyObs.Observe(end.Sub(created).Seconds())
-				}
-			}
-			return out, err
-		}
+	return &consumerMetrics{
+		now:       cfg.Now,
+		processed: outcome("processed"), duplicate: outcome("duplicate"), dead: outcome("dead_lettered"), failed: outcome("failed"),
+		duration: duration.WithLabelValues(cfg.Consumer), latency: latency.WithLabelValues(cfg.Consumer),
 	}, nil
+}
+
+// record counts one delivery's outcome, after its effect committed (or did not).
+func (m *consumerMetrics) record(msg *message.Message, d *delivery, err error, took time.Duration) {
+	m.duration.Observe(took.Seconds())
+	switch {
+	case d.deadLettered:
+		m.dead.Inc()
+	case d.duplicate:
+		m.duplicate.Inc()
+	case err != nil:
+		m.failed.Inc()
+	default:
+		m.processed.Inc()
+		if created, ok := outboxkit.CreatedAt(msg); ok {
+			m.latency.Observe(m.now().Sub(created).Seconds())
+		}
+	}
 }

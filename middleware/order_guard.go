@@ -117,6 +117,8 @@ func (g *orderGuard) handle(h message.HandlerFunc, msg *message.Message) ([]*mes
 	case seen && version <= applied:
 		d.duplicate = true // stale: applied already, acknowledged unprocessed
 		return nil, nil
+	case expected > 0 && version > expected && d.batched:
+		return nil, fmt.Errorf("key %s: version %d %w, version %d not applied yet", key, version, ErrAhead, expected)
 	case expected > 0 && version > expected:
 		timer := time.NewTimer(g.cfg.ParkDelay)
 		select {

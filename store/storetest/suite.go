@@ -16,6 +16,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 		{"Forwarder", forwarderTests[TTx]()},
 		{"Run", runTests[TTx]()},
 		{"Consumer", consumerTests[TTx]()},
+		{"Batch", batchTests[TTx]()},
 		{"Idempotency", idempotencyTests[TTx]()},
 	}
 	for _, g := range groups {
