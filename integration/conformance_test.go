@@ -120,6 +120,29 @@ func conformanceTable(results []conformanceResult) string {
 	return b.String()
 }
 
+// The conformance run again with both consumers batching (middleware.BatchConsumer), on every
+// backend: the same exactly-once effects, the same order guarantees.
+func TestConformance_BatchConsumerEveryBackend(t *testing.T) {
+	var (
+		mu      sync.Mutex
+		results []conformanceResult
+	)
+	for _, bc := range backendCases {
+		if !bc.features.Persistent {
+			continue
+		}
+		t.Run(bc.scheme, func(t *testing.T) {
+			t.Parallel()
+			r := conformanceRun(t, pgDB(testenv.NewPG(t)), bc, true, withBatch(conformanceBatch))
+			r.backend += ", batched"
+			mu.Lock()
+			results = append(results, r)
+			mu.Unlock()
+		})
+	}
+	t.Cleanup(func() { t.Log(conformanceTable(results)) })
+}
+
 // keepsOrderThroughCrash says where per-key order must hold even across the consumer crash: the
 // broker redelivers what the dead consumer held before anything behind it.
 var keepsOrderThroughCrash = map[string]bool{"amqp": true, "kafka": true, "postgres": true}
@@ -128,12 +151,22 @@ func runConformance(t *testing.T, bc backendCase) conformanceResult {
 	return conformanceRun(t, pgDB(testenv.NewPG(t)), bc, true)
 }
 
+// conformanceBatch is the batch size of the conformance run through the batch consumer.
+const conformanceBatch = 50
+
 // conformanceRun sends the events of the conformance run through db and bc's broker; with crash,
-// the billing consumer is stopped halfway, as a crash would, and started again.
-func conformanceRun(t *testing.T, db testDB, bc backendCase, crash bool) conformanceResult {
+// the billing consumer is stopped halfway, as a crash would, and started again. opts tune both
+// consumers (withBatch runs them as batch consumers).
+func conformanceRun(t *testing.T, db testDB, bc backendCase, crash bool, opts ...effectConsumerOpt) conformanceResult {
 	url := bc.url(t)
 	createEffects(t, db)
-	b := openBackend(t, url, bc.opts)                  // redis: a 2s ClaimAfter, so the crashed consumer's pending messages move on quickly
+	bopts := bc.opts
+	for _, o := range opts {
+		if o.batch > 0 && bc.scheme == "amqp" {
+			bopts.Unacked = o.batch // RabbitMQ hands out a batch; the others one at a time
+		}
+	}
+	b := openBackend(t, url, bopts)                    // redis: a 2s ClaimAfter, so the crashed consumer's pending messages move on quickly
 	topic := testenv.UniqueName(t, "conf") + ".placed" // dotted, as topics usually are
 	dropWhenDone(t, bc.scheme, url, []string{topic}, []string{"shipping", "billing"})
 	if bc.scheme == "amqp" {
@@ -145,7 +178,7 @@ func conformanceRun(t *testing.T, db testDB, bc backendCase, crash bool) conform
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 
-	consume := func(group string) (stop func()) { return startEffectConsumer(t, ctx, db, b, topic, group) }
+	consume := func(group string) (stop func()) { return startEffectConsumer(t, ctx, db, b, topic, group, opts...) }
 	consume("shipping")
 	stopBilling := consume("billing")
 
@@ -207,7 +240,12 @@ func countEffects(t *testing.T, db testDB, group string) int {
 type effectConsumerOpt struct {
 	stack func(*middleware.StackConfig)
 	hook  func(*message.Message)
+	batch int // run it as a middleware.BatchConsumer with this MaxBatch
 }
+
+// withBatch runs the consumer as a middleware.BatchConsumer of up to max messages per
+// transaction (open the backend with Options.Unacked for batches to fill on RabbitMQ).
+func withBatch(max int) effectConsumerOpt { return effectConsumerOpt{batch: max} }
 
 func withStack(fn func(*middleware.StackConfig)) effectConsumerOpt {
 	return effectConsumerOpt{stack: fn}
@@ -226,6 +264,7 @@ func startEffectConsumer(t *testing.T, ctx context.Context, db testDB, b *backen
 	}
 	cfg := middleware.StackConfig{Store: db.Store(), Consumer: group, MaxRetries: -1}
 	var hooks []func(*message.Message)
+	batch := 0
 	for _, o := range opts {
 		if o.stack != nil {
 			o.stack(&cfg)
@@ -233,29 +272,43 @@ func startEffectConsumer(t *testing.T, ctx context.Context, db testDB, b *backen
 		if o.hook != nil {
 			hooks = append(hooks, o.hook)
 		}
+		batch = max(batch, o.batch)
 	}
-	stack, err := middleware.Stack(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := router.AddConsumerHandler(group, topic, sub, db.Effect(func(_ context.Context, m *message.Message) (string, []any) {
+	effect := db.Effect(func(_ context.Context, m *message.Message) (string, []any) {
 		for _, hook := range hooks {
 			hook(m)
 		}
 		seq, _ := strconv.ParseInt(m.Metadata.Get(outboxkit.MetadataSeq), 10, 64)
 		return `INSERT INTO {{schema}}.effects (consumer, message_id, pkey, seq) VALUES (?, ?, ?, ?)`,
 			[]any{group, m.UUID, outboxkit.PartitionKey(m), seq}
-	}))
-	h.AddMiddleware(stack...)
+	})
+	var (
+		run     func(context.Context) error
+		running <-chan struct{}
+	)
+	if batch > 0 {
+		bc, err := middleware.NewBatchConsumer(middleware.BatchConfig{StackConfig: cfg, MaxBatch: batch}, sub, topic, middleware.NoPublish(effect))
+		if err != nil {
+			t.Fatal(err)
+		}
+		run, running = bc.Run, bc.Running()
+	} else {
+		stack, err := middleware.Stack(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		router.AddConsumerHandler(group, topic, sub, effect).AddMiddleware(stack...)
+		run, running = router.Run, router.Running()
+	}
 	rctx, rcancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	go func() { defer close(done); _ = router.Run(rctx) }()
+	go func() { defer close(done); _ = run(rctx) }()
 	select {
-	case <-router.Running():
+	case <-running:
 	case <-time.After(60 * time.Second):
 		t.Fatalf("%s consumer did not start", group)
 	}

@@ -20,26 +20,31 @@ import (
 // for a while mid-stream: nothing is lost, nothing is applied twice, and the pipeline resumes by
 // itself once the broker answers again - no restart, no operator.
 func TestDisconnect_EveryBackendResumesByItself(t *testing.T) {
+	amqpProxy := func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.AMQPURL(t)) }
 	cases := []struct {
-		scheme string
-		proxy  func(t *testing.T) (*testenv.Proxy, string)
-		opts   backends.Options
+		name, scheme string
+		proxy        func(t *testing.T) (*testenv.Proxy, string)
+		opts         backends.Options
+		consumer     []effectConsumerOpt
 	}{
-		{"amqp", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.AMQPURL(t)) }, backends.Options{}},
-		{"nats", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.NATSURL(t)) }, backends.Options{AckWait: 2 * time.Second}},
-		{"redis", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.RedisURL(t)) }, backends.Options{ClaimAfter: 2 * time.Second}},
-		{"kafka", kafkaBehindProxy, backends.Options{}},
+		{"amqp", "amqp", amqpProxy, backends.Options{}, nil},
+		// A batch consumer loses its connection with a batch in hand: the batch's acks are lost, the
+		// broker delivers it again, the inbox absorbs what had committed.
+		{"amqp batched", "amqp", amqpProxy, backends.Options{Unacked: 50}, []effectConsumerOpt{withBatch(50)}},
+		{"nats", "nats", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.NATSURL(t)) }, backends.Options{AckWait: 2 * time.Second}, nil},
+		{"redis", "redis", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.RedisURL(t)) }, backends.Options{ClaimAfter: 2 * time.Second}, nil},
+		{"kafka", "kafka", kafkaBehindProxy, backends.Options{}, nil},
 	}
 	for _, c := range cases {
-		t.Run(c.scheme, func(t *testing.T) {
+		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			proxy, url := c.proxy(t)
-			runDisconnect(t, c.scheme, proxy, url, c.opts)
+			runDisconnect(t, c.scheme, proxy, url, c.opts, c.consumer...)
 		})
 	}
 }
 
-func runDisconnect(t *testing.T, scheme string, proxy *testenv.Proxy, url string, opts backends.Options) {
+func runDisconnect(t *testing.T, scheme string, proxy *testenv.Proxy, url string, opts backends.Options, consumer ...effectConsumerOpt) {
 	const perPhase, nKeys = 200, 10
 	pg := testenv.NewPG(t)
 	createEffects(t, pgDB(pg))
@@ -51,7 +56,7 @@ func runDisconnect(t *testing.T, scheme string, proxy *testenv.Proxy, url string
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	startEffectConsumer(t, ctx, pgDB(pg), b, topic, "app")
+	startEffectConsumer(t, ctx, pgDB(pg), b, topic, "app", consumer...)
 	relay := newRelay(t, pgDB(pg), b.Publisher, func(c *forwarder.Config) {
 		c.PublishTimeout = 2 * time.Second // a publish into the cut connection gives up soon
 	})
