@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -21,7 +22,10 @@ import (
 	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
-const consumerShards = 4
+const (
+	consumerShards = 4
+	consumerBatch  = 100
+)
 
 // benchConsumer times consumers draining a preloaded queue, each writing one effect row per
 // message: stock Watermill as shipped, a plain handler with our subscriber settings (the baseline
@@ -48,20 +52,26 @@ func benchConsumer(ctx context.Context, c config) ([]series, error) {
 	inboxOnly := series{Name: "inbox alone (no delivery count)", Unit: "msg/s"}
 	inbox := series{Name: "outboxkit inbox stack", Unit: "msg/s"}
 	sharded := series{Name: fmt.Sprintf("outboxkit inbox stack, %d key shards", consumerShards), Unit: "msg/s"}
+	plainBatched := series{Name: fmt.Sprintf("plain handler, batches of up to %d", consumerBatch), Unit: "msg/s"}
+	batched := series{Name: fmt.Sprintf("outboxkit batch consumer, up to %d", consumerBatch), Unit: "msg/s"}
+	batchedSharded := series{Name: fmt.Sprintf("outboxkit batch consumer, %d key shards", consumerShards), Unit: "msg/s"}
 	for rep := 1; rep <= c.reps; rep++ {
 		for _, v := range []struct {
 			s      *series
 			kind   string
 			shards int
-		}{{&stock, "stock", 1}, {&plain, "plain", 1}, {&inboxOnly, "inbox-only", 1}, {&inbox, "inbox", 1}, {&sharded, "inbox", consumerShards}} {
+		}{{&stock, "stock", 1}, {&plain, "plain", 1}, {&inboxOnly, "inbox-only", 1}, {&inbox, "inbox", 1}, {&sharded, "inbox", consumerShards},
+			{&plainBatched, "plain-batched", 1}, {&batched, "batched", 1}, {&batchedSharded, "batched", consumerShards}} {
 			r, err := consumeOnce(ctx, c, pool, schema, v.kind, v.shards, rep)
 			if err != nil {
 				return nil, fmt.Errorf("%s consumer: %w", v.s.Name, err)
 			}
 			v.s.add(r)
 		}
-		fmt.Printf("  round %d: stock %.0f, plain %.0f, inbox alone %.0f, inbox stack %.0f, inbox sharded %.0f msg/s\n",
-			rep, stock.Values[rep-1], plain.Values[rep-1], inboxOnly.Values[rep-1], inbox.Values[rep-1], sharded.Values[rep-1])
+		fmt.Printf("  round %d: stock %.0f, plain %.0f, inbox alone %.0f, inbox stack %.0f, inbox sharded %.0f, "+
+			"plain batched %.0f, batch consumer %.0f, batch consumer sharded %.0f msg/s\n",
+			rep, stock.Values[rep-1], plain.Values[rep-1], inboxOnly.Values[rep-1], inbox.Values[rep-1], sharded.Values[rep-1],
+			plainBatched.Values[rep-1], batched.Values[rep-1], batchedSharded.Values[rep-1])
 	}
 	overhead := series{Name: "inbox stack cost vs plain handler", Unit: "%"}
 	inboxCost := series{Name: "inbox alone cost vs plain handler", Unit: "%"}
@@ -69,10 +79,17 @@ func benchConsumer(ctx context.Context, c config) ([]series, error) {
 		overhead.add(100 * (1 - inbox.Values[i]/plain.Values[i]))
 		inboxCost.add(100 * (1 - inboxOnly.Values[i]/plain.Values[i]))
 	}
+	batchCost := series{Name: "batch consumer cost vs plain handler batched", Unit: "%"}
+	for i := range batched.Values {
+		batchCost.add(100 * (1 - batched.Values[i]/plainBatched.Values[i]))
+	}
 	vsStock := ratio("inbox sharded / stock", sharded, stock)
-	fmt.Print(table("consumer rate", []series{stock, plain, inboxOnly, inbox, sharded}))
-	fmt.Print(table("paired by round", []series{inboxCost, overhead, vsStock, ratio("inbox stack / stock", inbox, stock)}))
-	return []series{stock, plain, inboxOnly, inbox, sharded, inboxCost, overhead, vsStock}, nil
+	batchVsStock := ratio("batch consumer / stock", batched, stock)
+	fmt.Print(table("consumer rate", []series{stock, plain, inboxOnly, inbox, sharded, plainBatched, batched, batchedSharded}))
+	fmt.Print(table("paired by round", []series{inboxCost, overhead, vsStock, ratio("inbox stack / stock", inbox, stock),
+		batchVsStock, batchCost, ratio("batch consumer sharded / stock", batchedSharded, stock)}))
+	return []series{stock, plain, inboxOnly, inbox, sharded, plainBatched, batched, batchedSharded, inboxCost, overhead, vsStock,
+		batchVsStock, batchCost}, nil
 }
 
 func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind string, shards, rep int) (float64, error) {
@@ -117,17 +134,43 @@ func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind
 		return 0, err
 	}
 	var closers []func() error
+	var runners []func(context.Context) error // consumers that run without the router
 	for _, t := range topics {
 		var sub message.Subscriber
-		if kind == "stock" {
+		switch kind {
+		case "stock":
 			sub, err = wamqp.NewSubscriber(wamqp.NewDurablePubSubConfig(c.brokerURL, wamqp.GenerateQueueNameTopicNameWithSuffix(group)), watermill.NopLogger{})
-		} else {
+		case "batched", "plain-batched":
+			sub, err = backends.NewAMQPSubscriber(backends.AMQPSubscriberConfig{URL: c.brokerURL, ConsumerGroup: group, Unacked: consumerBatch})
+		default:
 			sub, err = backends.NewAMQPSubscriber(backends.AMQPSubscriberConfig{URL: c.brokerURL, ConsumerGroup: group})
 		}
 		if err != nil {
 			return 0, err
 		}
 		closers = append(closers, sub.Close)
+		switch kind {
+		case "plain-batched":
+			runners = append(runners, func(ctx context.Context) error { return plainBatches(ctx, pool, schema, sub, t, count) })
+			continue
+		case "batched":
+			bc, err := middleware.NewBatchConsumer(middleware.BatchConfig{
+				StackConfig: middleware.StackConfig{Store: storeIn(pool, schema, pgxstore.Config{}), Consumer: group},
+				MaxBatch:    consumerBatch,
+			}, sub, t, middleware.NoPublish(handlers.JSON(func(ctx context.Context, tx pgx.Tx, o map[string]any) error {
+				msg, _ := handlers.MessageFrom(ctx)
+				_, err := tx.Exec(ctx, `INSERT INTO `+schema+`.effects (message_id, note) VALUES ($1, $2)`, msg.UUID, o["order_id"])
+				if err == nil {
+					count() // applied in the batch's transaction, committed right after
+				}
+				return err
+			})))
+			if err != nil {
+				return 0, err
+			}
+			runners = append(runners, bc.Run)
+			continue
+		}
 		if kind == "stock" || kind == "plain" {
 			router.AddConsumerHandler("h-"+t, t, sub, plainEffect)
 			continue
@@ -163,7 +206,16 @@ func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind
 	defer cancel()
 	errc := make(chan error, 1)
 	start := time.Now()
-	go func() { errc <- router.Run(runCtx) }()
+	if len(runners) == 0 {
+		go func() { errc <- router.Run(runCtx) }()
+	} else {
+		errc <- nil // every consumer runs on its own
+	}
+	var runnersDone sync.WaitGroup
+	for _, r := range runners {
+		runnersDone.Add(1)
+		go func() { defer runnersDone.Done(); _ = r(runCtx) }()
+	}
 	select {
 	case <-finished:
 	case <-time.After(5 * time.Minute):
@@ -174,6 +226,7 @@ func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind
 	elapsed := time.Since(start)
 	cancel()
 	<-errc
+	runnersDone.Wait()
 	for _, cl := range closers {
 		_ = cl()
 	}
@@ -214,6 +267,55 @@ func deleteQueues(url string, topics []string, group string) {
 		for _, t := range topics {
 			_, _ = ch.QueueDelete(t+"_"+group, false, false, false)
 			_ = ch.ExchangeDelete(t, false, false)
+		}
+	}
+}
+
+// plainBatches is the plain handler batched the way the batch consumer batches: what has arrived
+// (up to consumerBatch), one transaction with one effect row each, commit, ack — and no inbox.
+func plainBatches(ctx context.Context, pool *pgxpool.Pool, schema string, sub message.Subscriber, topic string, count func()) error {
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		return err
+	}
+	for {
+		var batch []*message.Message
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				return nil
+			}
+			batch = append(batch, m)
+		case <-ctx.Done():
+			return nil
+		}
+	drain:
+		for len(batch) < consumerBatch {
+			select {
+			case m, ok := <-msgs:
+				if !ok {
+					break drain
+				}
+				batch = append(batch, m)
+			default:
+				break drain
+			}
+		}
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			for _, m := range batch {
+				if _, err := tx.Exec(ctx, `INSERT INTO `+schema+`.effects (message_id, note) VALUES ($1, $2)`, m.UUID, string(m.Payload)); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		for _, m := range batch {
+			if err != nil {
+				m.Nack()
+				continue
+			}
+			m.Ack()
+			count()
 		}
 	}
 }

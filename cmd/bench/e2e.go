@@ -34,13 +34,14 @@ type e2eImpl struct {
 	// pollOnly, when set, is the relay's poll interval with NOTIFY off on both sides: writers skip
 	// pg_notify, whose commit-time lock serializes concurrent writers.
 	pollOnly time.Duration
+	// batched runs the consumer as a middleware.BatchConsumer.
+	batched bool
 }
 
 var (
 	e2eOurs        = e2eImpl{name: "outboxkit"}
 	e2eOursSharded = e2eImpl{name: fmt.Sprintf("outboxkit, %d key shards", consumerShards), shards: consumerShards}
-	e2eOursPoll    = e2eImpl{name: fmt.Sprintf("outboxkit, %d key shards, no NOTIFY, 20 ms poll", consumerShards),
-		shards: consumerShards, pollOnly: 20 * time.Millisecond}
+	e2eBatched     = e2eImpl{name: "outboxkit batch consumer", batched: true}
 	e2eStockTuned  = e2eImpl{name: "stock tuned", stock: true, tune: stockTuned}
 	e2eStockAsShip = e2eImpl{name: "stock as shipped", stock: true, tune: stockDefaults}
 )
@@ -75,8 +76,8 @@ func benchE2E(ctx context.Context, c config) ([]series, error) {
 		impl e2eImpl
 		rate int
 	}
-	runs := []run{{e2eOurs, 200}, {e2eOursSharded, 200}, {e2eStockTuned, 200}, {e2eStockAsShip, 200},
-		{e2eOurs, 1000}, {e2eOursSharded, 1000}, {e2eOursPoll, 1000}, {e2eStockTuned, 1000}}
+	runs := []run{{e2eOurs, 200}, {e2eBatched, 200}, {e2eStockTuned, 200}, {e2eStockAsShip, 200},
+		{e2eOurs, 1000}, {e2eOursSharded, 1000}, {e2eBatched, 1000}, {e2eStockTuned, 1000}}
 	stats := map[run]map[string]*series{}
 	for _, r := range runs {
 		stats[r] = map[string]*series{}
@@ -119,32 +120,62 @@ func benchE2E(ctx context.Context, c config) ([]series, error) {
 	ratios = append(ratios,
 		ratio("stock as shipped p50 / outboxkit p50 at 200 msg/s", *stats[run{e2eStockAsShip, 200}]["p50"], *stats[run{e2eOurs, 200}]["p50"]),
 		ratio("stock tuned p99 / outboxkit sharded p99 at 1000 msg/s", *stats[run{e2eStockTuned, 1000}]["p99"], *stats[run{e2eOursSharded, 1000}]["p99"]),
-		ratio("stock tuned p99 / outboxkit sharded, polling p99 at 1000 msg/s", *stats[run{e2eStockTuned, 1000}]["p99"], *stats[run{e2eOursPoll, 1000}]["p99"]))
+		ratio("stock tuned p99 / outboxkit batch consumer p99 at 1000 msg/s", *stats[run{e2eStockTuned, 1000}]["p99"], *stats[run{e2eBatched, 1000}]["p99"]),
+		ratio("stock tuned p50 / outboxkit batch consumer p50 at 200 msg/s", *stats[run{e2eStockTuned, 200}]["p50"], *stats[run{e2eBatched, 200}]["p50"]))
 	fmt.Print(table("end-to-end latency", rows))
 	fmt.Print(table("paired by round", ratios))
 
-	// The highest offered rate at which outboxkit's p99 stays under 100 ms, every effect done and
-	// the writers keeping up: rates step up until one fails (one run each, half the usual length),
-	// with the consumer over key shards, NOTIFY on and off.
+	best, err := e2eMaxRate(ctx, c, pool)
+	if err != nil {
+		return nil, err
+	}
+	return slices.Concat(rows, ratios, best), nil
+}
+
+// benchE2EMax is the search for the highest sustained rate alone (--scenario e2e-max).
+func benchE2EMax(ctx context.Context, c config) ([]series, error) {
+	cfg, err := pgxpool.ParseConfig(c.dbURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = 48
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	defer pool.Close()
+	return e2eMaxRate(ctx, c, pool)
+}
+
+// e2eMaxRate finds the highest offered rate at which outboxkit's p99 stays under 100 ms, every
+// effect done and the writers keeping up: rates step up until one fails twice in a row (one run
+// of half the usual length, and one more when it fails: a checkpoint's stall on this shared
+// machine is not the pipeline's limit), with the consumer over key shards, and batched.
+func e2eMaxRate(ctx context.Context, c config, pool *pgxpool.Pool) ([]series, error) {
 	var best []series
-	for _, impl := range []e2eImpl{e2eOursSharded, e2eOursPoll} {
+	for _, impl := range []e2eImpl{e2eOursSharded, e2eBatched} {
 		b := series{Name: impl.name + ": highest offered rate with p99 < 100 ms", Unit: "msg/s"}
-		for _, rate := range []int{200, 300, 400, 500, 600, 800, 1000, 1250, 1500, 2000} {
-			res, err := e2eOnce(ctx, c, pool, impl, rate, c.e2eFor/2)
-			if err != nil {
-				return nil, err
+	rates:
+		for _, rate := range []int{200, 400, 600, 800, 1000, 1250, 1500, 1750, 2000, 2500, 3000} {
+			for attempt := 1; attempt <= 2; attempt++ {
+				res, err := e2eOnce(ctx, c, pool, impl, rate, c.e2eFor/2)
+				if err != nil {
+					return nil, err
+				}
+				p99 := percentile(res.latencies, 99)
+				fmt.Printf("  step %s at %d msg/s, try %d (written %.0f/s): p99 %.1f ms, missing %d\n", impl.name, rate, attempt,
+					res.written, ms(p99), res.missing)
+				if p99 < 100*time.Millisecond && res.missing == 0 && res.written >= 0.95*float64(rate) {
+					b.Values = []float64{float64(rate)}
+					continue rates
+				}
 			}
-			p99 := percentile(res.latencies, 99)
-			fmt.Printf("  step %s at %d msg/s (written %.0f/s): p99 %.1f ms, missing %d\n", impl.name, rate, res.written, ms(p99), res.missing)
-			if p99 >= 100*time.Millisecond || res.missing > 0 || res.written < 0.95*float64(rate) {
-				break
-			}
-			b.Values = []float64{float64(rate)}
+			break
 		}
 		best = append(best, b)
 	}
 	fmt.Print(table("sustained rate", best))
-	return slices.Concat(rows, ratios, best), nil
+	return best, nil
 }
 
 // e2eOnce runs one implementation at one offered rate for d and collects the latencies.
@@ -229,6 +260,25 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 			record(msg.UUID)
 			return nil
 		})
+	} else if impl.batched {
+		sub, err := backends.NewAMQPSubscriber(backends.AMQPSubscriberConfig{URL: c.brokerURL, ConsumerGroup: group, Unacked: consumerBatch})
+		if err != nil {
+			return e2eResult{}, err
+		}
+		bc, err := middleware.NewBatchConsumer(middleware.BatchConfig{
+			StackConfig: middleware.StackConfig{Store: writer, Consumer: group}, MaxBatch: consumerBatch,
+		}, ackWatcher{sub, record}, topic, middleware.NoPublish(handlers.JSON(func(ctx context.Context, tx pgx.Tx, o map[string]any) error {
+			_, err := tx.Exec(ctx, effect, o["id"])
+			return err
+		})))
+		if err != nil {
+			return e2eResult{}, err
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = bc.Run(runCtx); _ = sub.Close() }()
+		if err := started(bc.Running(), "batch consumer"); err != nil {
+			return e2eResult{}, err
+		}
 	} else {
 		for _, t := range topics {
 			sub, err := backends.NewAMQPSubscriber(backends.AMQPSubscriberConfig{URL: c.brokerURL, ConsumerGroup: group})
@@ -254,10 +304,12 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 			}}, stack...)...)
 		}
 	}
-	wg.Add(1)
-	go func() { defer wg.Done(); _ = router.Run(runCtx) }()
-	if err := started(router.Running(), "consumer"); err != nil {
-		return e2eResult{}, err
+	if !impl.batched {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = router.Run(runCtx) }()
+		if err := started(router.Running(), "consumer"); err != nil {
+			return e2eResult{}, err
+		}
 	}
 
 	// The relay.
@@ -408,4 +460,34 @@ func e2eWrite(ctx context.Context, pool *pgxpool.Pool, writer *pgxstore.Store, t
 	}
 	committed.Store(msg.UUID, time.Now())
 	return tx.Commit(ctx)
+}
+
+// ackWatcher is a subscriber that calls record with a message's UUID once it is acknowledged: for
+// the batch consumer, after the batch's transaction committed.
+type ackWatcher struct {
+	message.Subscriber
+	record func(uuid string)
+}
+
+func (w ackWatcher) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	in, err := w.Subscriber.Subscribe(ctx, topic)
+	if err != nil {
+		return nil, err
+	}
+	out := make(chan *message.Message, cap(in))
+	go func() {
+		defer close(out)
+		for m := range in {
+			go func() {
+				select {
+				case <-m.Acked():
+					w.record(m.UUID)
+				case <-m.Nacked():
+				case <-ctx.Done():
+				}
+			}()
+			out <- m
+		}
+	}()
+	return out, nil
 }

@@ -2,7 +2,7 @@
 // against the local Postgres and RabbitMQ. Every figure is the median of several repetitions;
 // every comparison is a ratio of two figures measured in the same round.
 //
-//	go run ./cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|all] [--reps 3]
+//	go run ./cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|idle|all] [--reps 3]
 //	                   [--store postgres|mysql|sqlite] (the drain scenario's store)
 //	                   [--json bench-results/bench.json] [--compare an-earlier-run.json]
 package main
@@ -36,6 +36,7 @@ type config struct {
 	consumerEvents   int
 	backendURLs      string
 	writeFor, e2eFor time.Duration
+	idleFor          time.Duration
 	claimPending     int
 	claimSamples     int
 	claimHistory     []int
@@ -60,6 +61,7 @@ func main() {
 	flag.StringVar(&c.scenario, "scenario", "all", "what to measure: "+strings.Join(scenarioNames, ", ")+" or all")
 	flag.DurationVar(&c.writeFor, "write-for", 5*time.Second, "length of each write-path measurement")
 	flag.DurationVar(&c.e2eFor, "e2e-for", 20*time.Second, "length of each end-to-end run at a fixed rate")
+	flag.DurationVar(&c.idleFor, "idle-for", 30*time.Second, "how long the idle scenario measures a pipeline without traffic")
 	flag.IntVar(&c.claimPending, "claim-pending", 100, "pending rows one timed claim dispatches")
 	flag.IntVar(&c.claimSamples, "claim-samples", 30, "timed claims per history size")
 	history := flag.String("claim-history", "0,1000000,5000000", "published rows the outbox holds for each claim measurement")
@@ -91,7 +93,7 @@ func run(ctx context.Context, c config) error {
 	var results []series
 	ran := false
 	for _, sc := range scenarios {
-		if c.scenario != sc.name && c.scenario != "all" {
+		if c.scenario != sc.name && (c.scenario != "all" || sc.name == "e2e-max") { // e2e runs the search too
 			continue
 		}
 		ran = true
@@ -135,10 +137,12 @@ var scenarios = []struct {
 	{"write", benchWritePath},
 	{"drain", benchDrain},
 	{"e2e", benchE2E},
+	{"e2e-max", benchE2EMax},
 	{"consumer", benchConsumer},
 	{"scale", benchScale},
 	{"claim", benchClaim},
 	{"backends", benchBackends},
+	{"idle", benchIdle},
 }
 
 var scenarioNames = func() []string {

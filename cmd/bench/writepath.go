@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
@@ -18,13 +19,18 @@ import (
 type writeMode struct {
 	name   string
 	outbox bool // the event row too
-	notify bool // and the NOTIFY that wakes the relay
+	notify bool // and the NOTIFY that wakes the relay (skipped while a relay says it is awake)
+	// relayPoll, when set, runs a relay draining the outbox (to a publisher that discards) during
+	// the measurement; with notify, its poll under the wake-ups.
+	relayPoll time.Duration
 }
 
 var writeModes = []writeMode{
 	{name: "business tx alone"},
 	{name: "+ outbox row", outbox: true},
 	{name: "+ outbox row + NOTIFY", outbox: true, notify: true},
+	{name: "+ outbox row, relay polling every 20ms", outbox: true, relayPoll: 20 * time.Millisecond},
+	{name: "+ outbox row + NOTIFY, relay running", outbox: true, notify: true, relayPoll: forwarder.DefaultPollInterval},
 }
 
 // benchWritePath times the business transaction (insert an order, commit) alone and with its
@@ -94,7 +100,15 @@ func benchWritePath(ctx context.Context, c config) ([]series, error) {
 	fmt.Print(table("write path latency", lat))
 	fmt.Print(table("write path throughput", thr))
 	fmt.Print(table("outbox cost on the business tx, paired by round", over))
-	return slices.Concat(lat, thr, over), nil
+	// The price of waking the relay, with a relay draining in both: NOTIFY (skipped while the
+	// relay says it is awake) against no NOTIFY and a 20ms poll.
+	var notifyCost []series
+	for _, n := range clients {
+		notifyCost = append(notifyCost, ratio(fmt.Sprintf("NOTIFY / no NOTIFY, relay running, %d clients, tx/s", n),
+			*tps[key{4, n}], *tps[key{3, n}]))
+	}
+	fmt.Print(table("waking the relay, paired by round", notifyCost))
+	return slices.Concat(lat, thr, over, notifyCost), nil
 }
 
 // writeLoad runs n clients, each committing transactions back to back for d; it returns every
@@ -108,6 +122,20 @@ func writeLoad(ctx context.Context, pool *pgxpool.Pool, schema string, m writeMo
 	)
 	insert := `INSERT INTO ` + schema + `.orders (customer, total_cents) VALUES ($1, $2) RETURNING id`
 	outbox := storeIn(pool, schema, pgxstore.Config{DisableNotify: !m.notify})
+	if m.relayPoll > 0 {
+		relay, err := forwarder.New(forwarder.Config{Store: storeIn(pool, schema, pgxstore.Config{}), Publisher: discard{},
+			Name: "write", PollInterval: m.relayPoll, Retention: forwarder.Retention{Keep: true}})
+		if err != nil {
+			return nil, 0, err
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan struct{})
+		go func() { defer close(done); _ = relay.Run(rctx) }()
+		defer func() { cancel(); <-done }()
+		if err := started(relay.Running(), "relay"); err != nil {
+			return nil, 0, err
+		}
+	}
 	start := time.Now()
 	deadline := start.Add(d)
 	for w := range n {
