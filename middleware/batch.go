@@ -298,10 +298,12 @@ func (c *BatchConsumer) commitRun(run []*message.Message) {
 	}
 	took := c.cfg.Now().Sub(start) / time.Duration(len(run))
 	for _, m := range run {
-		m.Ack()
+		// Recorded before the ack, as the per-message stack does: whoever sees the ack sees the
+		// outcome counted.
 		if c.metrics != nil {
 			c.metrics.record(m, deliveryOf(m), nil, took)
 		}
+		m.Ack()
 	}
 }
 
