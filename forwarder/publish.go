@@ -167,6 +167,9 @@ func (f *Forwarder) toMessage(r store.OutboxRow) (*message.Message, string, erro
 	if err := json.Unmarshal(r.Metadata, &md); err != nil {
 		return nil, "", fmt.Errorf("outbox row %d: metadata is not a JSON object of strings: %w", r.Seq, err)
 	}
+	if r.PartitionKey != "" {
+		md.Set(outboxkit.MetadataPartitionKey, r.PartitionKey) // stored in its column only
+	}
 	md.Set(outboxkit.MetadataCreatedAt, r.CreatedAt.UTC().Format(time.RFC3339Nano))
 	md.Set(outboxkit.MetadataSeq, strconv.FormatInt(r.Seq, 10))
 	msg := message.NewMessage(r.UUID, r.Payload)

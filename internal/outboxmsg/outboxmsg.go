@@ -92,8 +92,20 @@ func toRow(i int, topic string, msg *message.Message) (store.OutboxMessage, erro
 		tracing.Inject(msg.Context(), withTrace)
 		md = withTrace
 	}
+	if key != "" {
+		// The key has a column of its own, which the forwarder puts back into the metadata it
+		// publishes: the row does not carry it twice (every byte of the row is written, logged and
+		// replicated inside the caller's transaction). Removed from a copy.
+		trimmed := make(message.Metadata, len(md))
+		for k, v := range md {
+			if k != outboxkit.MetadataPartitionKey {
+				trimmed[k] = v
+			}
+		}
+		md = trimmed
+	}
 	metadata := []byte("{}")
-	if md != nil {
+	if len(md) > 0 {
 		var err error
 		if metadata, err = json.Marshal(md); err != nil {
 			return store.OutboxMessage{}, invalid("metadata cannot be encoded as JSON: %v", err)

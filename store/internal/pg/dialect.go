@@ -6,6 +6,7 @@ package pg
 
 import (
 	"context"
+	"crypto/md5"
 	"database/sql"
 	"embed"
 	"encoding/json"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/lib/pq"
 
@@ -179,8 +181,8 @@ func (d *Dialect) MarkFailed(ctx context.Context, q dbexec.Querier, rows []store
 	return err
 }
 
-// maxMessagesPerInsert keeps one INSERT under Postgres's 65,535 bind parameters (five per row).
-const maxMessagesPerInsert = 65535 / 5
+// maxMessagesPerInsert keeps one INSERT under Postgres's 65,535 bind parameters (six per row).
+const maxMessagesPerInsert = 65535 / 6
 
 // InsertQuery builds the INSERT of msgs, with the pg_notify that wakes relays at commit unless
 // notify is false. It is one statement however many messages.
@@ -189,17 +191,17 @@ func InsertQuery(schema Name, msgs []store.OutboxMessage, notify bool) (string, 
 		return "", nil, fmt.Errorf("%d messages in one call; split them into calls of at most %d", len(msgs), maxMessagesPerInsert)
 	}
 	var q strings.Builder
-	args := make([]any, 0, len(msgs)*5+1)
+	args := make([]any, 0, len(msgs)*6+1)
 	if notify {
 		q.WriteString("WITH inserted AS (\n")
 	}
-	fmt.Fprintf(&q, "INSERT INTO %s.outbox (uuid, topic, partition_key, payload, metadata) VALUES ", schema.Ident())
+	fmt.Fprintf(&q, "INSERT INTO %s.outbox (uuid, uuid_text, topic, partition_key, payload, metadata) VALUES ", schema.Ident())
 	for i, m := range msgs {
 		if i > 0 {
 			q.WriteString(", ")
 		}
 		n := len(args)
-		fmt.Fprintf(&q, "($%d::text, $%d::text, $%d::text, $%d::bytea, $%d::jsonb)", n+1, n+2, n+3, n+4, n+5)
+		fmt.Fprintf(&q, "($%d::uuid, $%d::text, $%d::text, $%d::text, $%d::bytea, $%d::text)", n+1, n+2, n+3, n+4, n+5, n+6)
 		var key any
 		if m.PartitionKey != "" {
 			key = m.PartitionKey
@@ -208,7 +210,8 @@ func InsertQuery(schema Name, msgs []store.OutboxMessage, notify bool) (string, 
 		if payload == nil {
 			payload = []byte{} // the column is NOT NULL; an empty payload is still a payload
 		}
-		args = append(args, m.UUID, m.Topic, key, payload, string(m.Metadata))
+		id, text := StoredID(m.UUID)
+		args = append(args, id, text, m.Topic, key, payload, string(m.Metadata))
 	}
 	if notify {
 		// Only when no relay says it is awake (relay_awake): an awake relay polls, and a NOTIFY
@@ -218,6 +221,19 @@ func InsertQuery(schema Name, msgs []store.OutboxMessage, notify bool) (string, 
 		args = append(args, schema.NotifyChannel())
 	}
 	return q.String(), args, nil
+}
+
+// StoredID is how a message id is kept: a canonical lowercase UUID as itself (16 bytes, the
+// primary key); any other id as the UUID-shaped md5 of its text, with the text beside it (text is
+// nil for a canonical UUID). Two different ids can share a key only through an md5 collision, and
+// then the second write is refused: the guard never admits a duplicate. Migration 0006 derives
+// the same values in SQL.
+func StoredID(id string) (key string, text any) {
+	if u, err := uuid.Parse(id); err == nil && u.String() == id {
+		return id, nil
+	}
+	sum := md5.Sum([]byte(id))
+	return uuid.UUID(sum).String(), id
 }
 
 func (d *Dialect) InsertOutbox(ctx context.Context, q dbexec.Querier, msgs []store.OutboxMessage) error {

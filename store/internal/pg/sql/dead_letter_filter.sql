@@ -3,7 +3,7 @@
 dead_lettered_at IS NOT NULL
 AND published_at IS NULL
 AND (cardinality($1::bigint[]) = 0 OR seq = ANY($1::bigint[]))
-AND (cardinality($2::text[]) = 0 OR uuid = ANY($2::text[]))
+AND (cardinality($2::text[]) = 0 OR coalesce(uuid_text, uuid::text) = ANY($2::text[]))
 AND ($3::text = '' OR topic = $3::text)
 AND ($4::text = '' OR partition_key = $4::text)
 AND ($5::text = '' OR strpos(last_error, $5::text) > 0)

@@ -1,7 +1,7 @@
--- Everything unpublished, through the partial index on unpublished rows.
-SELECT count(*) FILTER (WHERE dead_lettered_at IS NULL),
-       min(created_at) FILTER (WHERE dead_lettered_at IS NULL),
-       count(*) FILTER (WHERE dead_lettered_at IS NOT NULL),
-       min(dead_lettered_at) FILTER (WHERE dead_lettered_at IS NOT NULL)
-FROM {{schema}}.outbox
-WHERE published_at IS NULL
+-- Pending rows through the pending index (the oldest is the first in seq order), dead letters
+-- through the dead-letter index.
+SELECT (SELECT count(*) FROM {{schema}}.outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL),
+       (SELECT created_at FROM {{schema}}.outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL
+        ORDER BY seq LIMIT 1),
+       (SELECT count(*) FROM {{schema}}.outbox WHERE dead_lettered_at IS NOT NULL AND published_at IS NULL),
+       (SELECT min(dead_lettered_at) FROM {{schema}}.outbox WHERE dead_lettered_at IS NOT NULL AND published_at IS NULL)
