@@ -3,7 +3,7 @@
 // every comparison is a ratio of two figures measured in the same round.
 //
 //	go run ./cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|idle|all] [--reps 3]
-//	                   [--store postgres|mysql|sqlite] (the drain scenario's store)
+//	                   [--store postgres|mysql|sqlite] (the drain and write scenarios' store)
 //	                   [--json bench-results/bench.json] [--compare an-earlier-run.json]
 package main
 
@@ -46,7 +46,7 @@ func main() {
 	var c config
 	flag.StringVar(&c.dbURL, "db", env("OUTBOXKIT_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL")
 	flag.StringVar(&c.brokerURL, "broker", env("OUTBOXKIT_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
-	flag.StringVar(&c.store, "store", "postgres", "the store of the drain scenario: postgres (beside stock Watermill on Postgres), "+
+	flag.StringVar(&c.store, "store", "postgres", "the store of the drain and write scenarios: postgres (beside stock Watermill on Postgres), "+
 		"mysql (beside stock Watermill on MySQL) or sqlite (to the memory broker and to RabbitMQ)")
 	flag.StringVar(&c.mysqlURL, "mysql", env("OUTBOXKIT_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"), "MySQL or MariaDB URL, for --store mysql")
 	flag.IntVar(&c.events, "events", 20000, "events preloaded for each drain")
@@ -54,7 +54,7 @@ func main() {
 	flag.IntVar(&c.reps, "reps", 3, "repetitions of each measurement (the median is reported)")
 	flag.StringVar(&c.jsonPath, "json", "bench-results/bench.json", "where to write the figures as JSON (empty: nowhere)")
 	flag.StringVar(&c.comparePath, "compare", "", "an earlier run's JSON: print each figure beside its earlier median")
-	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the outboxkit drains to this file")
+	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the outboxkit drains (drain) or of the writers of the outbox row at 16 clients (write) to this file")
 	flag.IntVar(&c.batch, "batch", 0, "forwarder BatchSize (0: the default)")
 	flag.IntVar(&c.inFlight, "inflight", 0, "forwarder MaxInFlight (0: the default)")
 	flag.IntVar(&c.relays, "relays", 1, "forwarders draining the outbox at once")

@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"runtime/pprof"
 	"slices"
 	"sync"
 	"time"
@@ -13,30 +16,180 @@ import (
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store/pgxstore"
+	"github.com/outboxkit/outboxkit/stores"
 )
 
 // writeMode is what one business transaction does.
 type writeMode struct {
-	name   string
-	outbox bool // the event row too
-	notify bool // and the NOTIFY that wakes the relay (skipped while a relay says it is awake)
+	name    string
+	minimal bool // a second, minimal row: the physical price of one more small INSERT
+	outbox  bool // the event's outbox row
+	notify  bool // and the NOTIFY that wakes the relay (skipped while a relay says it is awake)
 	// relayPoll, when set, runs a relay draining the outbox (to a publisher that discards) during
 	// the measurement; with notify, its poll under the wake-ups.
 	relayPoll time.Duration
 }
 
-var writeModes = []writeMode{
-	{name: "business tx alone"},
-	{name: "+ outbox row", outbox: true},
-	{name: "+ outbox row + NOTIFY", outbox: true, notify: true},
-	{name: "+ outbox row, relay polling every 20ms", outbox: true, relayPoll: 20 * time.Millisecond},
-	{name: "+ outbox row + NOTIFY, relay running", outbox: true, notify: true, relayPoll: forwarder.DefaultPollInterval},
+const (
+	modeAlone   = "business tx alone"
+	modeMinimal = "+ minimal row"
+	modeOutbox  = "+ outbox row"
+	modeNotify  = "+ outbox row + NOTIFY"
+	modeRelay   = "+ outbox row, relay polling every 20ms"
+	modeAwake   = "+ outbox row + NOTIFY, relay running"
+)
+
+var pgWriteModes = []writeMode{
+	{name: modeAlone},
+	{name: modeMinimal, minimal: true},
+	{name: modeOutbox, outbox: true},
+	{name: modeNotify, outbox: true, notify: true},
+	{name: modeRelay, outbox: true, relayPoll: 20 * time.Millisecond},
+	{name: modeAwake, outbox: true, notify: true, relayPoll: forwarder.DefaultPollInterval},
 }
 
-// benchWritePath times the business transaction (insert an order, commit) alone and with its
-// outbox row, at 1, 4 and 16 concurrent clients, for c.writeFor each. Modes alternate within a
-// round, so each ratio pairs figures measured back to back.
+// On MySQL and SQLite the writer wakes nobody through the database (MySQL has no NOTIFY; SQLite
+// wakes relays of the same handle in process), so the outbox row is the whole price.
+var sqlWriteModes = []writeMode{{name: modeAlone}, {name: modeMinimal, minimal: true}, {name: modeOutbox, outbox: true}}
+
+// writeTarget is a store the write path is measured on.
+type writeTarget struct {
+	desc  string
+	modes []writeMode
+	// load runs n clients committing transactions of mode m back to back for d; it returns every
+	// transaction's latency and the time it took.
+	load  func(ctx context.Context, m writeMode, n int, d time.Duration) ([]time.Duration, time.Duration, error)
+	close func()
+}
+
+// benchWritePath times the business transaction (insert an order, commit) alone, with a minimal
+// second row (the physical reference: a bigserial key, a topic and a JSON payload) and with its
+// outbox row, at 1, 4 and 16 concurrent clients, for c.writeFor each, on the store --store names.
+// Modes alternate within a round, so each ratio pairs figures measured back to back.
 func benchWritePath(ctx context.Context, c config) ([]series, error) {
+	var (
+		target *writeTarget
+		err    error
+	)
+	switch c.store {
+	case "postgres":
+		target, err = pgWriteTarget(ctx, c)
+	case "mysql":
+		target, err = sqlWriteTarget(ctx, c.mysqlURL, "MySQL/MariaDB")
+	case "sqlite":
+		dir, derr := os.MkdirTemp("", "outboxkit-bench-")
+		if derr != nil {
+			return nil, derr
+		}
+		defer os.RemoveAll(dir)
+		target, err = sqlWriteTarget(ctx, "sqlite://"+filepath.Join(dir, "write.db"), "SQLite")
+	default:
+		err = fmt.Errorf("--store %q: use postgres, mysql or sqlite", c.store)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer target.close()
+	fmt.Printf("\nwrite path on %s: INSERT an order and COMMIT, alone, with a minimal second row and with its outbox row; %s per measurement, %d reps\n",
+		target.desc, c.writeFor, c.reps)
+
+	clients := []int{1, 4, 16}
+	modes := target.modes
+	type key struct{ mode, clients int }
+	p50, p99, tps, mean := map[key]*series{}, map[key]*series{}, map[key]*series{}, map[key]*series{}
+	for mi, m := range modes {
+		for _, n := range clients {
+			k := key{mi, n}
+			p50[k] = &series{Name: fmt.Sprintf("%s, %d clients, p50", m.name, n), Unit: "ms"}
+			p99[k] = &series{Name: fmt.Sprintf("%s, %d clients, p99", m.name, n), Unit: "ms"}
+			tps[k] = &series{Name: fmt.Sprintf("%s, %d clients", m.name, n), Unit: "tx/s"}
+			mean[k] = &series{Name: fmt.Sprintf("%s, %d clients, mean", m.name, n), Unit: "ms"}
+		}
+	}
+	var profile *os.File
+	if c.cpuProfile != "" {
+		if profile, err = os.Create(c.cpuProfile); err != nil {
+			return nil, err
+		}
+		defer profile.Close()
+	}
+	for rep := 1; rep <= c.reps; rep++ {
+		for _, n := range clients {
+			for mi, m := range modes {
+				// --cpuprofile: the writers' side of the outbox row at 16 clients, first round.
+				profiled := profile != nil && rep == 1 && n == 16 && m.name == modeOutbox
+				if profiled {
+					if err := pprof.StartCPUProfile(profile); err != nil {
+						return nil, err
+					}
+				}
+				lat, elapsed, err := target.load(ctx, m, n, c.writeFor)
+				if profiled {
+					pprof.StopCPUProfile()
+				}
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", m.name, err)
+				}
+				k := key{mi, n}
+				p50[k].add(ms(percentile(lat, 50)))
+				p99[k].add(ms(percentile(lat, 99)))
+				tps[k].add(rate(len(lat), elapsed))
+				// The time a client spends per transaction, from the throughput: at 16 clients on
+				// two cores it is the cost that queues, which p50 alone hides.
+				mean[k].add(float64(n) * ms(elapsed) / float64(max(len(lat), 1)))
+			}
+		}
+		fmt.Printf("  round %d done\n", rep)
+	}
+	idx := func(name string) int {
+		return slices.IndexFunc(modes, func(m writeMode) bool { return m.name == name })
+	}
+	var lat, thr, over, rowCost []series
+	for _, n := range clients {
+		for mi := range modes {
+			k := key{mi, n}
+			lat = append(lat, *p50[k], *p99[k])
+			thr = append(thr, *tps[k])
+		}
+		base := key{0, n}
+		for mi := 1; mi < len(modes); mi++ {
+			k := key{mi, n}
+			over = append(over, overhead(fmt.Sprintf("%s, %d clients: p50 cost", modes[mi].name, n), *p50[k], *p50[base]))
+		}
+		// The outbox row's price over the minimal row's, each the extra time per transaction over
+		// the business transaction alone in the same round.
+		alone, minimal, outbox := mean[key{0, n}], mean[key{idx(modeMinimal), n}], mean[key{idx(modeOutbox), n}]
+		r := series{Name: fmt.Sprintf("outbox row ÷ minimal row, %d clients", n), Unit: "×"}
+		for i := range alone.Values {
+			if d := minimal.Values[i] - alone.Values[i]; d > 0 {
+				r.add((outbox.Values[i] - alone.Values[i]) / d)
+			}
+		}
+		rowCost = append(rowCost, r)
+	}
+	fmt.Print(table("write path latency", lat))
+	fmt.Print(table("write path throughput", thr))
+	fmt.Print(table("cost on the business tx, paired by round", over))
+	fmt.Print(table("what the outbox row costs, in minimal rows (time per tx over the business tx alone), paired by round", rowCost))
+	out := slices.Concat(lat, thr, over, rowCost)
+	if relay, awake := idx(modeRelay), idx(modeAwake); relay >= 0 && awake >= 0 {
+		// The price of waking the relay, with a relay draining in both: NOTIFY (skipped while the
+		// relay says it is awake) against no NOTIFY and a 20ms poll.
+		var notifyCost []series
+		for _, n := range clients {
+			notifyCost = append(notifyCost, ratio(fmt.Sprintf("NOTIFY / no NOTIFY, relay running, %d clients, tx/s", n),
+				*tps[key{awake, n}], *tps[key{relay, n}]))
+		}
+		fmt.Print(table("waking the relay, paired by round", notifyCost))
+		out = append(out, notifyCost...)
+	}
+	return out, nil
+}
+
+// The minimal row: what one more small INSERT costs on this machine (as pgbench would measure it).
+const minimalRowDDL = `CREATE TABLE %s (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, topic text NOT NULL, payload jsonb NOT NULL)`
+
+func pgWriteTarget(ctx context.Context, c config) (*writeTarget, error) {
 	cfg, err := pgxpool.ParseConfig(c.dbURL)
 	if err != nil {
 		return nil, err
@@ -46,96 +199,146 @@ func benchWritePath(ctx context.Context, c config) ([]series, error) {
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
-	defer pool.Close()
 	schema, drop, err := newSchema(ctx, pool, "bench_write")
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	closeAll := func() { drop(); pool.Close() }
+	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+		customer text NOT NULL, total_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		closeAll()
+		return nil, err
+	}
+	if _, err := pool.Exec(ctx, fmt.Sprintf(minimalRowDDL, schema+".events_min")); err != nil {
+		closeAll()
+		return nil, err
+	}
+	insert := `INSERT INTO ` + schema + `.orders (customer, total_cents) VALUES ($1, $2) RETURNING id`
+	insertMin := `INSERT INTO ` + schema + `.events_min (topic, payload) VALUES ('orders', $1)`
+	load := func(ctx context.Context, m writeMode, n int, d time.Duration) ([]time.Duration, time.Duration, error) {
+		outbox := storeIn(pool, schema, pgxstore.Config{DisableNotify: !m.notify})
+		if m.relayPoll > 0 {
+			relay, err := forwarder.New(forwarder.Config{Store: storeIn(pool, schema, pgxstore.Config{}), Publisher: discard{},
+				Name: "write", PollInterval: m.relayPoll, Retention: forwarder.Retention{Keep: true}})
+			if err != nil {
+				return nil, 0, err
+			}
+			rctx, cancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); _ = relay.Run(rctx) }()
+			defer func() { cancel(); <-done }()
+			if err := started(relay.Running(), "relay"); err != nil {
+				return nil, 0, err
+			}
+		}
+		return clientsFor(n, d, func(w, i int) error {
+			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				var id int64
+				if err := tx.QueryRow(ctx, insert, fmt.Sprintf("customer-%d", w), i).Scan(&id); err != nil {
+					return err
+				}
+				body, key := payload(int(id), 200)
+				switch {
+				case m.minimal:
+					_, err := tx.Exec(ctx, insertMin, string(body))
+					return err
+				case m.outbox:
+					pub, err := pipeline.NewPublisher(outbox, tx, pipeline.PublisherConfig{})
+					if err != nil {
+						return err
+					}
+					return pub.Publish("orders", pipeline.NewEvent("OrderPlaced", key, body))
+				}
+				return nil
+			})
+		})
+	}
+	return &writeTarget{desc: "Postgres (pgx)", modes: pgWriteModes, load: load, close: closeAll}, nil
+}
+
+// sqlWriteTarget measures a database/sql store (MySQL/MariaDB, SQLite) opened by URL.
+func sqlWriteTarget(ctx context.Context, dbURL, desc string) (*writeTarget, error) {
+	namespace := fmt.Sprintf("bench_write_%d", time.Now().UnixNano()%1e9)
+	db, err := stores.Open(ctx, dbURL, stores.Options{Namespace: namespace})
 	if err != nil {
 		return nil, err
 	}
-	defer drop()
-	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-		customer text NOT NULL, total_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+	closeAll := func() {
+		if db.Dialect == "mysql" {
+			_, _ = db.SQL.Exec("DROP DATABASE `" + namespace + "`")
+		}
+		db.Close()
+	}
+	if _, err := pipeline.Migrate(ctx, db); err != nil {
+		closeAll()
 		return nil, err
 	}
-	fmt.Printf("\nwrite path: INSERT an order and COMMIT, alone and with its outbox row; %s per measurement, %d reps\n", c.writeFor, c.reps)
-
-	clients := []int{1, 4, 16}
-	type key struct{ mode, clients int }
-	p50, p99, tps := map[key]*series{}, map[key]*series{}, map[key]*series{}
-	for mi, m := range writeModes {
-		for _, n := range clients {
-			k := key{mi, n}
-			p50[k] = &series{Name: fmt.Sprintf("%s, %d clients, p50", m.name, n), Unit: "ms"}
-			p99[k] = &series{Name: fmt.Sprintf("%s, %d clients, p99", m.name, n), Unit: "ms"}
-			tps[k] = &series{Name: fmt.Sprintf("%s, %d clients", m.name, n), Unit: "tx/s"}
+	ddl := []string{
+		`CREATE TABLE orders (id INTEGER PRIMARY KEY, customer TEXT NOT NULL, total_cents INTEGER NOT NULL,
+			created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)`,
+		`CREATE TABLE events_min (id INTEGER PRIMARY KEY, topic TEXT NOT NULL, payload TEXT NOT NULL)`,
+	}
+	if db.Dialect == "mysql" {
+		ddl = []string{
+			`CREATE TABLE orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, customer VARCHAR(64) NOT NULL, total_cents BIGINT NOT NULL,
+				created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))`,
+			`CREATE TABLE events_min (id BIGINT AUTO_INCREMENT PRIMARY KEY, topic VARCHAR(255) NOT NULL, payload JSON NOT NULL)`,
 		}
 	}
-	for rep := 1; rep <= c.reps; rep++ {
-		for _, n := range clients {
-			for mi, m := range writeModes {
-				lat, elapsed, err := writeLoad(ctx, pool, schema, m, n, c.writeFor)
-				if err != nil {
-					return nil, fmt.Errorf("%s: %w", m.name, err)
-				}
-				k := key{mi, n}
-				p50[k].add(ms(percentile(lat, 50)))
-				p99[k].add(ms(percentile(lat, 99)))
-				tps[k].add(rate(len(lat), elapsed))
+	for _, q := range ddl {
+		if _, err := db.SQL.ExecContext(ctx, q); err != nil {
+			closeAll()
+			return nil, err
+		}
+	}
+	insert := db.Rebind(`INSERT INTO orders (customer, total_cents) VALUES (?, ?)`)
+	insertMin := db.Rebind(`INSERT INTO events_min (topic, payload) VALUES ('orders', ?)`)
+	load := func(ctx context.Context, m writeMode, n int, d time.Duration) ([]time.Duration, time.Duration, error) {
+		return clientsFor(n, d, func(w, i int) error {
+			tx, err := db.SQL.BeginTx(ctx, nil)
+			if err != nil {
+				return err
 			}
-		}
-		fmt.Printf("  round %d done\n", rep)
+			defer func() { _ = tx.Rollback() }()
+			res, err := tx.ExecContext(ctx, insert, fmt.Sprintf("customer-%d", w), i)
+			if err != nil {
+				return err
+			}
+			id, err := res.LastInsertId()
+			if err != nil {
+				return err
+			}
+			body, key := payload(int(id), 200)
+			switch {
+			case m.minimal:
+				if _, err := tx.ExecContext(ctx, insertMin, string(body)); err != nil {
+					return err
+				}
+			case m.outbox:
+				pub, err := pipeline.NewPublisher(db, tx, pipeline.PublisherConfig{})
+				if err != nil {
+					return err
+				}
+				if err := pub.Publish("orders", pipeline.NewEvent("OrderPlaced", key, body)); err != nil {
+					return err
+				}
+			}
+			return tx.Commit()
+		})
 	}
-	var lat, thr, over []series
-	for _, n := range clients {
-		for mi := range writeModes {
-			k := key{mi, n}
-			lat = append(lat, *p50[k], *p99[k])
-			thr = append(thr, *tps[k])
-		}
-		base := key{0, n}
-		for mi := 1; mi < len(writeModes); mi++ {
-			k := key{mi, n}
-			over = append(over, overhead(fmt.Sprintf("%s, %d clients: p50 cost", writeModes[mi].name, n), *p50[k], *p50[base]))
-		}
-	}
-	fmt.Print(table("write path latency", lat))
-	fmt.Print(table("write path throughput", thr))
-	fmt.Print(table("outbox cost on the business tx, paired by round", over))
-	// The price of waking the relay, with a relay draining in both: NOTIFY (skipped while the
-	// relay says it is awake) against no NOTIFY and a 20ms poll.
-	var notifyCost []series
-	for _, n := range clients {
-		notifyCost = append(notifyCost, ratio(fmt.Sprintf("NOTIFY / no NOTIFY, relay running, %d clients, tx/s", n),
-			*tps[key{4, n}], *tps[key{3, n}]))
-	}
-	fmt.Print(table("waking the relay, paired by round", notifyCost))
-	return slices.Concat(lat, thr, over, notifyCost), nil
+	return &writeTarget{desc: desc, modes: sqlWriteModes, load: load, close: closeAll}, nil
 }
 
-// writeLoad runs n clients, each committing transactions back to back for d; it returns every
+// clientsFor runs n clients, each running tx(client, i) back to back for d; it returns every
 // transaction's latency.
-func writeLoad(ctx context.Context, pool *pgxpool.Pool, schema string, m writeMode, n int, d time.Duration) ([]time.Duration, time.Duration, error) {
+func clientsFor(n int, d time.Duration, tx func(client, i int) error) ([]time.Duration, time.Duration, error) {
 	var (
 		mu   sync.Mutex
 		all  []time.Duration
 		errs = make(chan error, n)
 		wg   sync.WaitGroup
 	)
-	insert := `INSERT INTO ` + schema + `.orders (customer, total_cents) VALUES ($1, $2) RETURNING id`
-	outbox := storeIn(pool, schema, pgxstore.Config{DisableNotify: !m.notify})
-	if m.relayPoll > 0 {
-		relay, err := forwarder.New(forwarder.Config{Store: storeIn(pool, schema, pgxstore.Config{}), Publisher: discard{},
-			Name: "write", PollInterval: m.relayPoll, Retention: forwarder.Retention{Keep: true}})
-		if err != nil {
-			return nil, 0, err
-		}
-		rctx, cancel := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() { defer close(done); _ = relay.Run(rctx) }()
-		defer func() { cancel(); <-done }()
-		if err := started(relay.Running(), "relay"); err != nil {
-			return nil, 0, err
-		}
-	}
 	start := time.Now()
 	deadline := start.Add(d)
 	for w := range n {
@@ -145,21 +348,7 @@ func writeLoad(ctx context.Context, pool *pgxpool.Pool, schema string, m writeMo
 			var mine []time.Duration
 			for i := 0; time.Now().Before(deadline); i++ {
 				t0 := time.Now()
-				if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-					var id int64
-					if err := tx.QueryRow(ctx, insert, fmt.Sprintf("customer-%d", w), i).Scan(&id); err != nil {
-						return err
-					}
-					if !m.outbox {
-						return nil
-					}
-					pub, err := pipeline.NewPublisher(outbox, tx, pipeline.PublisherConfig{})
-					if err != nil {
-						return err
-					}
-					body, key := payload(int(id), 200)
-					return pub.Publish("orders", pipeline.NewEvent("OrderPlaced", key, body))
-				}); err != nil {
+				if err := tx(w, i); err != nil {
 					errs <- err
 					return
 				}
