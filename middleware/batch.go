@@ -134,7 +134,7 @@ func NewBatchConsumer(cfg BatchConfig, sub message.Subscriber, topic string, h m
 	}
 	c.inner = chain(inner, h)
 	if cfg.Registerer != nil {
-		if c.metrics, err = newConsumerMetrics(MetricsConfig{Consumer: cfg.Consumer, Registerer: cfg.Registerer, Now: cfg.Now}); err != nil {
+		if c.metrics, err = newConsumerMetrics(MetricsConfig{Consumer: cfg.Consumer, Registerer: cfg.Registerer, Now: cfg.Now, Store: cfg.Store}); err != nil {
 			return nil, fmt.Errorf("batch consumer: %w", err)
 		}
 	}
@@ -340,6 +340,7 @@ func (c *BatchConsumer) inTransaction(run []*message.Message) (err error) {
 			continue
 		}
 		delete(inserted, m.UUID) // a second copy in the same batch is a duplicate
+		d.consumer, d.message = c.cfg.Consumer, m.UUID
 		if created, ok := outboxkit.CreatedAt(m); ok && now.Sub(created) > c.cfg.InboxRetention {
 			return errRetention
 		}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -28,6 +29,8 @@ type delivery struct {
 	// batched is set while the delivery runs in a batch's transaction: whatever cannot be done
 	// there (an order guard's park) fails at once, and the batch falls back to one at a time.
 	batched bool
+	// consumer and message are what the inbox applies the delivery as, for OutboundKey.
+	consumer, message string
 }
 
 // session returns the delivery's locked session when DeliveryCount holds one, else the store's.
@@ -57,6 +60,19 @@ func Deliveries(ctx context.Context) int {
 		return d.count
 	}
 	return 0
+}
+
+// OutboundKey is the idempotency key for an effect outside the database that the handler being
+// run causes (outboxkit.OutboundKey of the consumer and the message UUID): send it with the call
+// (an HTTP Idempotency-Key header), so that the other side applies the call once however often the
+// message is delivered. ok is false outside an inbox (the handler does not run in a consumer
+// stack or batch consumer).
+func OutboundKey(ctx context.Context) (key string, ok bool) {
+	d, ok := ctx.Value(deliveryKey{}).(*delivery)
+	if !ok || d.consumer == "" {
+		return "", false
+	}
+	return outboxkit.OutboundKey(d.consumer, d.message), true
 }
 
 var consumerName = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:-]{0,99}$`)

@@ -133,6 +133,7 @@ func (in *inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 	}
 
 	d.inbox = tx
+	d.consumer, d.message = in.cfg.Consumer, msg.UUID
 	msg.SetContext(outboxkit.WithTx(ctx, tx.User()))
 	defer func() { msg.SetContext(ctx); d.inbox = nil }() // a retry must not see this transaction
 	out, err := h(msg)

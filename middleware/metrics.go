@@ -1,15 +1,16 @@
 package middleware
 
 import (
+	"context"
 	"errors"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/outboxkit/outboxkit/internal/promreg"
-
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/internal/promreg"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // MetricsConfig configures NewMetrics.
@@ -20,6 +21,10 @@ type MetricsConfig struct {
 	Registerer prometheus.Registerer
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// Store, when set, is read at every scrape for the consumer's dead letters that wait for a
+	// replay: outboxkit_consumer_dead_letters_waiting and
+	// outboxkit_consumer_oldest_dead_letter_age_seconds. Stack sets it to its own.
+	Store store.Store
 }
 
 // NewMetrics counts each delivery's outcome per consumer — processed, duplicate, dead-lettered,
@@ -77,6 +82,19 @@ func newConsumerMetrics(cfg MetricsConfig) (*consumerMetrics, error) {
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300},
 	}, []string{"consumer"})
 	var err error
+	if cfg.Store != nil {
+		// One collector per consumer, told apart by a constant label, so that several consumers'
+		// stacks can share a registry.
+		waiting := &deadLetterCollector{s: cfg.Store, consumer: cfg.Consumer, now: cfg.Now,
+			count: prometheus.NewDesc("outboxkit_consumer_dead_letters_waiting",
+				"Quarantined messages of the consumer not yet replayed, read from the store at scrape time.",
+				nil, prometheus.Labels{"consumer": cfg.Consumer}),
+			age: prometheus.NewDesc("outboxkit_consumer_oldest_dead_letter_age_seconds",
+				"How long the consumer's oldest quarantined message not yet replayed has waited (0 when none).",
+				nil, prometheus.Labels{"consumer": cfg.Consumer}),
+		}
+		promreg.Register(cfg.Registerer, &waiting, &err)
+	}
 	promreg.Register(cfg.Registerer, &outcomes, &err)
 	promreg.Register(cfg.Registerer, &duration, &err)
 	promreg.Register(cfg.Registerer, &latency, &err)
@@ -108,3 +126,32 @@ func (m *consumerMetrics) record(msg *message.Message, d *delivery, err error, t
 		}
 	}
 }
+
+// deadLetterCollector reads the consumer's waiting dead letters at scrape time: a counter of
+// quarantines would forget, within its rate window, letters that still wait.
+type deadLetterCollector struct {
+	s          store.Store
+	consumer   string
+	now        func() time.Time
+	count, age *prometheus.Desc
+}
+
+func (c *deadLetterCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.count; ch <- c.age }
+
+func (c *deadLetterCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), scrapeTimeout)
+	defer cancel()
+	w, err := c.s.DeadLettersWaiting(ctx, c.consumer, c.now())
+	if err != nil {
+		// No figure rather than a wrong one: the scrape reports the error (as the forwarder's
+		// backlog does when the database is down).
+		ch <- prometheus.NewInvalidMetric(c.count, err)
+		ch <- prometheus.NewInvalidMetric(c.age, err)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(c.count, prometheus.GaugeValue, float64(w.Count))
+	ch <- prometheus.MustNewConstMetric(c.age, prometheus.GaugeValue, w.OldestAge.Seconds())
+}
+
+// scrapeTimeout bounds a scrape's read of the store.
+const scrapeTimeout = 5 * time.Second

@@ -81,7 +81,7 @@ func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 		add(NewTracing(TracingConfig{Consumer: cfg.Consumer, TracerProvider: cfg.TracerProvider}))
 	}
 	if cfg.Registerer != nil {
-		add(NewMetrics(MetricsConfig{Consumer: cfg.Consumer, Registerer: cfg.Registerer, Now: cfg.Now}))
+		add(NewMetrics(MetricsConfig{Consumer: cfg.Consumer, Registerer: cfg.Registerer, Now: cfg.Now, Store: cfg.Store}))
 	}
 	add(NewCircuit(CircuitConfig{Consumer: cfg.Consumer, Backoff: cfg.CircuitBackoff, IsUnreachable: cfg.IsUnreachable,
 		Registerer: cfg.Registerer, Now: cfg.Now, Logger: cfg.Logger}))

@@ -68,6 +68,9 @@ type Store interface {
 	RecordFirstFailure(ctx context.Context, consumer, messageID string, now time.Time, errText string) error
 	// ConsumerStats reads, per consumer, what the inbox tables hold.
 	ConsumerStats(ctx context.Context, now time.Time) ([]ConsumerStats, error)
+	// DeadLettersWaiting reads how many of consumer's quarantined messages wait for a replay, and
+	// how long the oldest has waited. Cheap: it reads an index of waiting letters, at every scrape.
+	DeadLettersWaiting(ctx context.Context, consumer string, now time.Time) (WaitingLetters, error)
 	// InboxDeadLetters lists consumers' quarantined messages matching f, oldest first.
 	InboxDeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error)
 	// ResetDeliveries forgets a message's delivery count, before it is replayed.
@@ -313,6 +316,12 @@ type ConsumerStats struct {
 	Processed   int64  `json:"processed"`    // messages processed, within the inbox retention
 	Duplicates  int64  `json:"duplicates"`   // deliveries absorbed by the inbox after the first
 	DeadLetters int64  `json:"dead_letters"` // quarantined messages waiting for a replay
+}
+
+// WaitingLetters is what waits in one consumer's dead letters.
+type WaitingLetters struct {
+	Count     int64         // quarantined messages not yet replayed
+	OldestAge time.Duration // how long the oldest of them has waited; 0 when none
 }
 
 // IdempotencyTx is the transaction of a request made with an Idempotency-Key.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -33,6 +34,8 @@ func consumerTests[TTx any]() []test[TTx] {
 		{"InboxHandlerOutputWithoutPublishTopicIsRefused", inboxHandlerOutputWithoutTopic[TTx]},
 		{"PruneInboxRemovesOnlyRowsOlderThanTheCutoff", pruneInbox[TTx]},
 		{"StatsCountProcessedDuplicatesAndDeadLetters", consumerStats[TTx]},
+		{"DeadLettersWaitingAreGaugesReadAtScrapeTime", deadLettersWaiting[TTx]},
+		{"OutboundKeyIsStableAcrossDeliveriesAndPerConsumer", outboundKeyStable[TTx]},
 		{"DeliveryCountBrokerVouchedFirstDelivery", deliveryCountVouched[TTx]},
 		{"DeadLetterUndecodablePayloadIsQuarantinedAtOnce", deadLetterUndecodable[TTx]},
 		{"DeadLetterTransientFailureIsQuarantinedAfterMaxDeliveries", deadLetterTransient[TTx]},
@@ -526,6 +529,113 @@ func consumerStats[TTx any](t *testing.T, h Harness[TTx]) {
 	want := store.ConsumerStats{Consumer: "shipping", Processed: 2, Duplicates: 2, DeadLetters: 1}
 	if len(stats) != 1 || stats[0] != want {
 		t.Fatalf("stats = %+v, want %+v", stats, want)
+	}
+}
+
+// The dead letters that wait for a replay are gauges read from the store at each scrape, per
+// consumer on one registry: a replay takes them down, nothing else does (the quarantine counter's
+// rate forgets them within its window while they still wait).
+func deadLettersWaiting[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	clock := time.Now()
+	e.now = func() time.Time { return clock }
+	shipping := e.stack(t, "shipping", e.effect("shipping"))
+	billing := e.stack(t, "billing", e.effect("billing"))
+	for _, m := range []*message.Message{message.NewMessage("bad-1", []byte("not json")), message.NewMessage("bad-2", []byte("{")), orderMsg("ok")} {
+		if _, err := shipping(delivery(m)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := billing(delivery(orderMsg("fine"))); err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(90 * time.Second)
+	gauge := func(name, consumer string) (float64, bool) {
+		t.Helper()
+		families, err := e.reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range families {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "consumer" && l.GetValue() == consumer {
+						return m.GetGauge().GetValue(), true
+					}
+				}
+			}
+		}
+		return 0, false
+	}
+	expect := func(consumer string, count float64, minAge, maxAge float64) {
+		t.Helper()
+		n, ok := gauge("outboxkit_consumer_dead_letters_waiting", consumer)
+		age, ok2 := gauge("outboxkit_consumer_oldest_dead_letter_age_seconds", consumer)
+		if !ok || !ok2 || n != count || age < minAge || age > maxAge {
+			t.Fatalf("%s: waiting %v (exported %v), oldest age %vs (exported %v); want %v waiting, age in [%v, %v]",
+				consumer, n, ok, age, ok2, count, minAge, maxAge)
+		}
+	}
+	expect("shipping", 2, 60, 120) // quarantined about 90s before the scrape's clock
+	expect("billing", 0, 0, 0)
+
+	letters, err := e.Store.InboxDeadLetters(context.Background(), store.DeadLetterFilter{Consumer: "shipping"})
+	if err != nil || len(letters) != 2 {
+		t.Fatalf("dead letters %v, %v", letters, err)
+	}
+	if err := e.Store.MarkReplayed(context.Background(), letters[0].ID, clock); err != nil {
+		t.Fatal(err)
+	}
+	expect("shipping", 1, 60, 120)
+	if err := e.Store.MarkReplayed(context.Background(), letters[1].ID, clock); err != nil {
+		t.Fatal(err)
+	}
+	expect("shipping", 0, 0, 0)
+}
+
+// The handler's outbound idempotency key is the same on every delivery of a message (a failed
+// attempt and its redelivery) and differs between consumers; outside an inbox there is none.
+func outboundKeyStable[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	var keys []string
+	failOnce := true
+	record := func(consumer string) message.NoPublishHandlerFunc {
+		return func(m *message.Message) error {
+			k, ok := middleware.OutboundKey(m.Context())
+			if !ok {
+				return errors.New("no outbound key inside the stack")
+			}
+			keys = append(keys, consumer+" "+k)
+			if consumer == "billing" && failOnce {
+				failOnce = false
+				return errTransient // rolled back: the call would be made again on the redelivery
+			}
+			return e.effect(consumer)(m)
+		}
+	}
+	billing := e.stack(t, "billing", record("billing"), func(c *middleware.StackConfig) { c.MaxRetries = -1 })
+	shipping := e.stack(t, "shipping", record("shipping"))
+	msg := orderMsg("o-1")
+	if _, err := billing(delivery(msg)); !errors.Is(err, errTransient) {
+		t.Fatalf("first delivery: %v", err)
+	}
+	for _, run := range []message.HandlerFunc{billing, shipping} {
+		if _, err := run(delivery(msg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, s := outboxkit.OutboundKey("billing", msg.UUID), outboxkit.OutboundKey("shipping", msg.UUID)
+	want := []string{"billing " + b, "billing " + b, "shipping " + s}
+	if !slices.Equal(keys, want) || b == s {
+		t.Fatalf("keys %v, want %v", keys, want)
+	}
+	if _, ok := middleware.OutboundKey(msg.Context()); ok {
+		t.Fatal("an outbound key outside the stack")
 	}
 }
 

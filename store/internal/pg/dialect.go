@@ -86,6 +86,7 @@ func New(cfg Config) (*Dialect, error) {
 		DeliveryFailed:        read("delivery_failed.sql"),
 		FirstDeliveryFailed:   read("first_delivery_failed.sql"),
 		ConsumerStats:         read("consumer_stats.sql"),
+		DeadLettersWaiting:    read("dead_letters_waiting.sql"),
 		InboxDeadLetters:      read("inbox_dead_letters.sql"),
 		ResetDeliveries:       read("reset_deliveries.sql"),
 		MarkReplayed:          read("mark_replayed.sql"),

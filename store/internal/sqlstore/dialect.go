@@ -86,6 +86,8 @@ type Queries struct {
 	FirstDeliveryFailed string
 	// ConsumerStats() → consumer, processed, duplicates, dead letters.
 	ConsumerStats string
+	// DeadLettersWaiting(consumer) → count, oldest dead_lettered_at (NULL when none).
+	DeadLettersWaiting string
 	// InboxDeadLetters(ids, message ids, consumer, topic, reason, from, until, include replayed, limit) → DeadLetter columns (inbox).
 	InboxDeadLetters string
 	// ResetDeliveries(consumer, id); MarkReplayed(id, now).

@@ -256,6 +256,20 @@ func (s *Store) ConsumerStats(ctx context.Context, _ time.Time) ([]store.Consume
 	return out, nil
 }
 
+func (s *Store) DeadLettersWaiting(ctx context.Context, consumer string, now time.Time) (store.WaitingLetters, error) {
+	var (
+		w      store.WaitingLetters
+		oldest dbexec.Time
+	)
+	if err := s.db.QueryRow(ctx, s.q.DeadLettersWaiting, consumer).Scan(&w.Count, &oldest); err != nil {
+		return store.WaitingLetters{}, fmt.Errorf("dead letters waiting for %s: %w", consumer, s.d.Classify(err))
+	}
+	if !oldest.IsZero() {
+		w.OldestAge = max(0, now.Sub(oldest.Time))
+	}
+	return w, nil
+}
+
 func (s *Store) InboxDeadLetters(ctx context.Context, f store.DeadLetterFilter) ([]store.DeadLetter, error) {
 	f.Limit = limit(f.Limit)
 	rows, err := s.db.Query(ctx, s.q.InboxDeadLetters, s.d.Int64s(f.IDs), s.d.Strings(f.MessageIDs), f.Consumer, f.Topic,
