@@ -513,8 +513,10 @@ func openAMQP(rawURL string, opts Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	lag := &amqpLag{url: rawURL}
 	return &Backend{
 		Publisher: pub,
+		lag:       lag.read,
 		newSubscriber: func(group string) (Subscriber, error) {
 			sub, err := NewAMQPSubscriber(AMQPSubscriberConfig{URL: rawURL, ConsumerGroup: group, Prefetch: opts.Prefetch, Unacked: opts.Unacked,
 				QuorumQueues: opts.QuorumQueues, Logger: opts.Logger})
@@ -523,6 +525,6 @@ func openAMQP(rawURL string, opts Options) (*Backend, error) {
 			}
 			return newRetryingSubscriber(sub, outboxkit.Transport, opts.Logger), nil
 		},
-		closers: []func() error{pub.Close},
+		closers: []func() error{pub.Close, lag.close},
 	}, nil
 }

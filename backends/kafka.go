@@ -61,6 +61,7 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 	bounded := &boundedPublisher{Publisher: lazy, classify: classifyKafka}
 	return &Backend{
 		Publisher: bounded,
+		lag:       kafkaLag(brokers),
 		newSubscriber: func(group string) (Subscriber, error) {
 			scfg := kafka.DefaultSaramaSubscriberConfig()
 			scfg.Consumer.Offsets.Initial = sarama.OffsetOldest // a new group reads what was published before it joined

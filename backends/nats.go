@@ -59,8 +59,10 @@ func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error
 		}
 		return jetstream.New(nc)
 	}, streamConfig: streamConfig, ensured: map[string]bool{}}
+	lag := &natsLag{connect: connect}
 	return &Backend{
 		Publisher: pub,
+		lag:       lag.read,
 		newSubscriber: func(group string) (Subscriber, error) {
 			conn, err := connect("outboxkit-" + group)
 			if err != nil {
@@ -75,7 +77,7 @@ func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error
 				batch: opts.Prefetch, logger: opts.Logger, closing: make(chan struct{})}
 			return newRetryingSubscriber(sub, classifyNATS, opts.Logger), nil
 		},
-		closers: []func() error{pub.Close},
+		closers: []func() error{pub.Close, lag.close},
 	}, nil
 }
 

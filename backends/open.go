@@ -91,6 +91,7 @@ type Backend struct {
 	Publisher message.Publisher
 
 	newSubscriber func(group string) (Subscriber, error)
+	lag           func(ctx context.Context, topic, group string) (Lag, error) // nil: ErrLagUnknown
 	mu            sync.Mutex
 	closers       []func() error
 	closed        bool

@@ -32,6 +32,7 @@ func openRedis(ctx context.Context, rawURL string, opts Options) (*Backend, erro
 	}
 	return &Backend{
 		Publisher: classifyingPublisher{Publisher: pub, classify: classifyRedis},
+		lag:       redisLag(client),
 		newSubscriber: func(group string) (Subscriber, error) {
 			client := redis.NewClient(ropts)
 			sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{

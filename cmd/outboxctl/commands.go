@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
@@ -90,13 +91,31 @@ type Status struct {
 		OldestDeadLetteredAgeSeconds float64 `json:"oldest_dead_lettered_age_seconds"`
 	} `json:"outbox"`
 	Consumers []middleware.ConsumerStats `json:"consumers"`
+	// Brokers is each consumer's backlog in the broker, with --broker and --topic.
+	Brokers []ConsumerLag `json:"brokers,omitempty"`
+}
+
+// ConsumerLag is one consumer group's backlog in the broker. Unacked and OldestAgeSeconds are
+// absent where the broker cannot tell them; Error says why nothing could be read.
+type ConsumerLag struct {
+	Consumer         string   `json:"consumer"`
+	Topic            string   `json:"topic"`
+	Waiting          int64    `json:"waiting"`
+	Unacked          *int64   `json:"unacked,omitempty"`
+	OldestAgeSeconds *float64 `json:"oldest_age_seconds,omitempty"`
+	Error            string   `json:"error,omitempty"`
 }
 
 func (e *env) status(ctx context.Context, args []string) error {
 	fs := flags("status")
 	asJSON := fs.Bool("json", false, "print JSON")
+	brokerURL := fs.String("broker", "", "also read each consumer's backlog from this broker (amqp://, kafka://, nats://, redis://)")
+	topic := fs.String("topic", "", "the topic the consumers read, with --broker")
 	if err := parse(fs, args, e.stdout); err != nil {
 		return err
+	}
+	if (*brokerURL == "") != (*topic == "") {
+		return &usageError{"status: --broker and --topic go together: the backlog is per topic and consumer group"}
 	}
 	db, err := e.connect(ctx)
 	if err != nil {
@@ -119,15 +138,58 @@ func (e *env) status(ctx context.Context, args []string) error {
 	if st.Consumers == nil {
 		st.Consumers = []middleware.ConsumerStats{}
 	}
+	if *brokerURL != "" {
+		b, err := backends.Open(ctx, *brokerURL, backends.Options{})
+		if err != nil {
+			return fmt.Errorf("open the broker: %w", err)
+		}
+		defer b.Close()
+		for _, c := range consumers {
+			cl := ConsumerLag{Consumer: c.Consumer, Topic: *topic}
+			l, err := b.Lag(ctx, *topic, c.Consumer)
+			switch {
+			case err != nil:
+				cl.Error = err.Error()
+			default:
+				cl.Waiting = l.Waiting
+				if l.HasUnacked {
+					cl.Unacked = &l.Unacked
+				}
+				if l.HasAge {
+					age := l.OldestAge.Seconds()
+					cl.OldestAgeSeconds = &age
+				}
+			}
+			st.Brokers = append(st.Brokers, cl)
+		}
+	}
 	if *asJSON {
 		return json.NewEncoder(e.stdout).Encode(st)
 	}
 	fmt.Fprintf(e.stdout, "outbox: %d pending (oldest %s), %d dead-lettered (oldest %s)\n",
 		s.Pending, s.OldestPendingAge.Round(time.Millisecond), s.DeadLettered, s.OldestDeadLettered.Round(time.Second))
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONSUMER\tPROCESSED\tDUPLICATES\tDEAD LETTERS")
-	for _, c := range consumers {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", c.Consumer, c.Processed, c.Duplicates, c.DeadLetters)
+	if st.Brokers == nil {
+		fmt.Fprintln(tw, "CONSUMER\tPROCESSED\tDUPLICATES\tDEAD LETTERS")
+		for _, c := range consumers {
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", c.Consumer, c.Processed, c.Duplicates, c.DeadLetters)
+		}
+		return tw.Flush()
+	}
+	fmt.Fprintf(tw, "CONSUMER\tPROCESSED\tDUPLICATES\tDEAD LETTERS\tWAITING IN %s\tUNACKED\tOLDEST\n", *topic)
+	for i, c := range consumers {
+		l := st.Brokers[i]
+		waiting, unacked, oldest := fmt.Sprint(l.Waiting), "-", "-"
+		if l.Error != "" {
+			waiting = "? (" + l.Error + ")"
+		}
+		if l.Unacked != nil {
+			unacked = fmt.Sprint(*l.Unacked)
+		}
+		if l.OldestAgeSeconds != nil {
+			oldest = (time.Duration(*l.OldestAgeSeconds * float64(time.Second))).Round(time.Millisecond).String()
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", c.Consumer, c.Processed, c.Duplicates, c.DeadLetters, waiting, unacked, oldest)
 	}
 	return tw.Flush()
 }

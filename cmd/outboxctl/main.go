@@ -27,7 +27,9 @@ Usage:
 
 Commands:
   migrate                       create or upgrade the tables
-  status [--json]               outbox backlog and dead letters; per consumer: processed, duplicates, dead letters
+  status [--json] [--broker URL --topic T]
+                                outbox backlog and dead letters; per consumer: processed, duplicates, dead letters,
+                                and with --broker its backlog in the broker (waiting, unacked, oldest)
   outbox dead list [filters]    dead-lettered outbox rows
   outbox dead show SEQ          one dead-lettered outbox row, payload included
   outbox dead replay [filters]  put dead-lettered rows back in line (--dry-run lists them only)
