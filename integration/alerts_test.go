@@ -10,6 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/internal/testenv"
@@ -45,6 +46,20 @@ func TestAlertsReadMetricsThatExist(t *testing.T) {
 	if _, err := h(message.NewMessage("m-1", []byte(`{}`))); err != nil {
 		t.Fatal(err)
 	}
+	// The broker's backlog of a group, as the consumers' side registers it.
+	url := testenv.AMQPURL(t)
+	b := openBackend(t, url, backends.Options{})
+	topic := testenv.UniqueName(t, "alerts")
+	dropWhenDone(t, "amqp", url, []string{topic}, []string{"billing"})
+	sub, err := b.NewSubscriber("billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Close() })
+	if err := sub.SubscribeInitialize(topic); err != nil {
+		t.Fatal(err)
+	}
+	reg.MustRegister(backends.NewLagCollector(b, topic, "billing"))
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
