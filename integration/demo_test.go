@@ -254,6 +254,31 @@ func TestDemo_FiveHundredOrdersEndToEnd(t *testing.T) {
 			t.Errorf("%s: %d rows, want %d", table, n, want)
 		}
 	}
+	// Drained, the broker holds nothing for any consumer; outboxctl reads it per consumer.
+	topic := string(pg.Schema) + ".orders"
+	testenv.Eventually(t, 30*time.Second, "outboxctl status --broker to show empty queues", func() bool {
+		out, code := outboxctl(t, pg, "status", "--json", "--broker", url, "--topic", topic)
+		var st struct {
+			Brokers []struct {
+				Consumer string
+				Topic    string
+				Waiting  int64
+				Error    string
+			}
+		}
+		if code != 0 || json.Unmarshal([]byte(out), &st) != nil || len(st.Brokers) != len(demoConsumers) {
+			t.Fatalf("outboxctl status --broker: exit %d\n%s", code, out)
+		}
+		for _, b := range st.Brokers {
+			if b.Error != "" || b.Topic != topic {
+				t.Fatalf("outboxctl status --broker: %+v", b)
+			}
+			if b.Waiting != 0 {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // A fault switch dead-letters a message; outboxctl lists it; after the cause is fixed, replay sends
@@ -378,8 +403,8 @@ func TestDemo_CancelLocksTheOrderAndCarriesTheNextVersion(t *testing.T) {
 	if got[http.StatusOK] != 1 || got[http.StatusConflict] != 1 {
 		t.Fatalf("two concurrent cancellations answered %v; want one 200 and one 409", got)
 	}
-	versions := pg.Int(t, `SELECT count(*) FROM (SELECT metadata->>'outboxkit_version' AS v,
-		metadata->>'outboxkit_event_type' AS e, row_number() OVER (ORDER BY seq) AS n
+	versions := pg.Int(t, `SELECT count(*) FROM (SELECT metadata::jsonb->>'outboxkit_version' AS v,
+		metadata::jsonb->>'outboxkit_event_type' AS e, row_number() OVER (ORDER BY seq) AS n
 		FROM {{schema}}.outbox WHERE partition_key = $1) AS x
 		WHERE (n = 1 AND v = '1' AND e = 'OrderPlaced') OR (n = 2 AND v = '2' AND e = 'OrderCancelled')`, placed.ID)
 	if versions != 2 {

@@ -101,6 +101,10 @@ func run(ctx context.Context, o options) error {
 		return fmt.Errorf("cannot open the broker at %s: %w (pass --broker)", redact(o.brokerURL), err)
 	}
 	defer broker.Close()
+	if broker.ReportsLag() {
+		biz.lag = func(ctx context.Context, group string) (backends.Lag, error) { return broker.Lag(ctx, topic, group) }
+		reg.MustRegister(backends.NewLagCollector(broker, topic, groups...))
+	}
 	pub := &faultyPublisher{Publisher: broker.Publisher, failEvery: o.failPublishEvery, crashEvery: o.crashAfterPublish}
 	relay, err := forwarder.New(forwarder.Config{
 		Store: db, Name: "demo", Publisher: pub, Registerer: reg, Logger: logger,
@@ -119,7 +123,25 @@ func run(ctx context.Context, o options) error {
 	}
 	// Watermill's own handler metrics (execution time, messages per handler) beside outboxkit's.
 	metrics.NewPrometheusMetricsBuilder(reg, "demo", "").AddPrometheusRouterMetrics(router)
-	if err := addConsumers(router, biz, broker, topic, reg, o.consumerCrash, o.rejectCustomer, logger); err != nil {
+	// Listening before the consumers start: Billing's first charges queue in the listen backlog
+	// until the server serves.
+	ln, err := net.Listen("tcp", o.addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w (another demo running? pass --addr)", o.addr, err)
+	}
+	defer ln.Close()
+	base := "http://" + ln.Addr().String()
+	gatewayDB, err := openGateway(ctx, o, db.Dialect)
+	if err != nil {
+		return err
+	}
+	defer gatewayDB.Close()
+	gateway, err := gatewayHandler(gatewayDB, logger)
+	if err != nil {
+		return err
+	}
+	billing := &gatewayClient{url: base + "/gateway/charges", http: &http.Client{Timeout: 10 * time.Second}}
+	if err := addConsumers(router, biz, broker, topic, reg, billing, o, logger); err != nil {
 		return err
 	}
 	routerCtx, stopRouter := context.WithCancel(context.Background())
@@ -142,6 +164,7 @@ func run(ctx context.Context, o options) error {
 	mux.Handle("POST /orders", idem(http.HandlerFunc(orders.create)))
 	mux.Handle("POST /orders/{id}/cancel", idem(http.HandlerFunc(orders.cancel)))
 	mux.HandleFunc("GET /orders/{id}", orders.get)
+	mux.Handle("POST /gateway/charges", gateway)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) })
 	mux.HandleFunc("GET /readyz", readiness(db, control, o.readyMaxAge))
@@ -153,10 +176,6 @@ func run(ctx context.Context, o options) error {
 		control.start(context.Background())
 		writeJSON(w, 200, map[string]bool{"relay_running": true})
 	})
-	ln, err := net.Listen("tcp", o.addr)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w (another demo running? pass --addr)", o.addr, err)
-	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	defer func() {
@@ -164,8 +183,7 @@ func run(ctx context.Context, o options) error {
 		defer cancel()
 		_ = srv.Shutdown(sctx)
 	}()
-	base := "http://" + ln.Addr().String()
-	fmt.Printf("outboxkit demo on %s — POST /orders, POST /orders/{id}/cancel, GET /orders/{id}, /metrics, /healthz, /readyz\n", base)
+	fmt.Printf("outboxkit demo on %s — POST /orders, POST /orders/{id}/cancel, GET /orders/{id}, /metrics, /healthz, /readyz; payment gateway POST /gateway/charges\n", base)
 	fmt.Printf("%s %s at version %d; broker %s; consumers %s\n", db.Info().Name, db.Info().Namespace, res.Version, redact(o.brokerURL),
 		strings.Join([]string{consumerNames[0].name, consumerNames[1].name, consumerNames[2].name}, ", "))
 	printFaults(o)
@@ -212,6 +230,9 @@ func printFaults(o options) {
 	}
 	if o.consumerCrash > 0 {
 		on = append(on, fmt.Sprintf("--consumer-crash-every %d", o.consumerCrash))
+	}
+	if o.crashAfterCharge > 0 {
+		on = append(on, fmt.Sprintf("--crash-after-charge-every %d", o.crashAfterCharge))
 	}
 	if o.rejectCustomer != "" {
 		on = append(on, fmt.Sprintf("--reject-customer %q", o.rejectCustomer))

@@ -34,8 +34,9 @@ var errSimulatedCrash = errors.New("simulated crash before commit (--consumer-cr
 
 // addConsumers subscribes Shipping, Billing and Search to topic, each behind its own inbox.
 func addConsumers(router *message.Router, b *business, broker *backends.Backend, topic string,
-	reg prometheus.Registerer, crashEvery int64, rejectCustomer string, logger watermill.LoggerAdapter) error {
-	var billed atomic.Int64
+	reg prometheus.Registerer, gateway *gatewayClient, o options, logger watermill.LoggerAdapter) error {
+	crashEvery, crashAfterChargeEvery, rejectCustomer := o.consumerCrash, o.crashAfterCharge, o.rejectCustomer
+	var billed, charged atomic.Int64
 	exec := func(ctx context.Context, tx *sql.Tx, query string, args ...any) error {
 		_, err := tx.ExecContext(ctx, b.q(query), args...)
 		return err
@@ -53,6 +54,18 @@ func addConsumers(router *message.Router, b *business, broker *backends.Backend,
 			}
 			if rejectCustomer != "" && o.Customer == rejectCustomer {
 				return handlers.Permanent(fmt.Errorf("customer %q has no billing account (--reject-customer)", o.Customer))
+			}
+			// The charge is outside this transaction: the gateway deduplicates it on the key, which
+			// is the same on every delivery of this order's event to Billing.
+			key, ok := middleware.OutboundKey(ctx)
+			if !ok {
+				return errors.New("billing runs outside its inbox: no idempotency key for the payment gateway")
+			}
+			if err := gateway.charge(ctx, key, chargeRequest{OrderID: o.OrderID, AmountCents: o.TotalCents}); err != nil {
+				return err
+			}
+			if crashAfterChargeEvery > 0 && charged.Add(1)%crashAfterChargeEvery == 0 {
+				crashAfterCharge(o.OrderID, crashAfterChargeEvery)
 			}
 			if err := exec(ctx, tx, `INSERT INTO {{t}}.invoices (order_id, amount_cents, created_at) VALUES (?, ?, ?)`,
 				o.OrderID, o.TotalCents, b.now()); err != nil {

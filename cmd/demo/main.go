@@ -38,6 +38,7 @@ type options struct {
 	crashAfterPublish int64
 	poisonEvery       int64
 	consumerCrash     int64
+	crashAfterCharge  int64
 	rejectCustomer    string
 }
 
@@ -69,6 +70,8 @@ func main() {
 		"the rows are published again and every inbox absorbs the duplicates")
 	flag.Int64Var(&o.poisonEvery, "poison-every", 0, "give every Nth order's event a payload no consumer can decode: each consumer quarantines it")
 	flag.Int64Var(&o.consumerCrash, "consumer-crash-every", 0, "make Billing fail before commit on every Nth message: it is rolled back and redelivered")
+	flag.Int64Var(&o.crashAfterCharge, "crash-after-charge-every", 0, "make the process exit (status 3) after Billing's Nth charge at the payment "+
+		"gateway, before its invoice commits: restarted, Billing charges again with the same Idempotency-Key and the gateway charges once (needs a durable broker)")
 	flag.StringVar(&o.rejectCustomer, "reject-customer", "", "make Billing refuse orders of this customer as permanently invalid: "+
 		"they are quarantined; restart without it and replay them with outboxctl")
 	flag.Parse()
@@ -92,7 +95,11 @@ func (o options) validate() error {
 	if o.orders == 0 && !o.serve {
 		errs = append(errs, "--orders 0 places nothing: add --serve to run the service only")
 	}
-	if o.failPublishEvery < 0 || o.crashAfterPublish < 0 || o.poisonEvery < 0 || o.consumerCrash < 0 {
+	if o.crashAfterCharge > 0 && strings.HasPrefix(o.brokerURL, "memory:") {
+		errs = append(errs, "--crash-after-charge-every exits the process, and the memory broker's messages die with it: "+
+			"pass a durable --broker (amqp://, kafka://, nats://, redis://, postgres://)")
+	}
+	if o.failPublishEvery < 0 || o.crashAfterPublish < 0 || o.poisonEvery < 0 || o.consumerCrash < 0 || o.crashAfterCharge < 0 {
 		errs = append(errs, "fault switches take a positive N (every Nth), or 0 for off")
 	}
 	if len(errs) > 0 {

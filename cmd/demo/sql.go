@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/stores"
 )
 
@@ -18,6 +19,8 @@ var schemas embed.FS
 type business struct {
 	db     *stores.DB
 	prefix string
+	// lag reads a consumer group's backlog in the broker; nil where the broker cannot tell.
+	lag func(ctx context.Context, group string) (backends.Lag, error)
 }
 
 func newBusiness(db *stores.DB) *business {

@@ -19,10 +19,13 @@ type snapshot struct {
 	Duplicates   int64
 	Quarantined  int64 // consumers' dead letters
 	OldestAgeSec float64
+	// Backlog is what the broker holds for each consumer (waiting and unacknowledged), where the
+	// broker can tell.
+	Backlog map[string]int64
 }
 
 func takeSnapshot(ctx context.Context, b *business) (snapshot, error) {
-	s := snapshot{Processed: map[string]int64{}}
+	s := snapshot{Processed: map[string]int64{}, Backlog: map[string]int64{}}
 	if err := b.db.SQL.QueryRowContext(ctx, b.q(`SELECT (SELECT count(*) FROM {{t}}.orders),
 		(SELECT count(*) FROM {{t}}.outbox WHERE published_at IS NOT NULL)`)).Scan(&s.Orders, &s.Published); err != nil {
 		return s, err
@@ -41,6 +44,13 @@ func takeSnapshot(ctx context.Context, b *business) (snapshot, error) {
 		s.Duplicates += c.Duplicates
 		s.Quarantined += c.DeadLetters
 	}
+	if b.lag != nil {
+		for _, c := range consumerNames {
+			if l, err := b.lag(ctx, c.name); err == nil {
+				s.Backlog[c.name] = l.Waiting + l.Unacked
+			}
+		}
+	}
 	return s, nil
 }
 
@@ -49,6 +59,9 @@ func (s snapshot) line() string {
 	fmt.Fprintf(&b, "orders %d | outbox pending %d, published %d, dead %d | processed", s.Orders, s.Pending, s.Published, s.DeadLetters)
 	for _, c := range consumerNames {
 		fmt.Fprintf(&b, " %s %d", c.name, s.Processed[c.name])
+		if n, ok := s.Backlog[c.name]; ok {
+			fmt.Fprintf(&b, " (%d in the broker)", n)
+		}
 	}
 	fmt.Fprintf(&b, " | duplicates absorbed %d | dead letters %d", s.Duplicates, s.Quarantined)
 	return b.String()
