@@ -38,12 +38,10 @@ type Lag struct {
 }
 
 // ErrLagUnknown is returned by Lag for a backend that cannot report a consumer group's backlog:
-// memory:// (Watermill's in-process channel holds nothing to count) and postgres:// (a
-// watermill-sql topic; its offsets are rows the application can query).
+// memory:// (Watermill's in-process channel holds nothing to count).
 var ErrLagUnknown = errors.New("this backend cannot report a consumer group's backlog")
 
-// ReportsLag reports whether Lag can read this backend's consumer groups (not memory://, not
-// postgres://).
+// ReportsLag reports whether Lag can read this backend's consumer groups (not memory://).
 func (b *Backend) ReportsLag() bool { return b.lag != nil }
 
 // Lag reads how far consumer group group is behind on topic, from the broker, now. It opens what

@@ -18,7 +18,7 @@ import (
 // A group whose backlog cannot be read at a scrape (the broker down, the group not subscribed
 // yet) has no series in that scrape rather than a wrong one, and the scrape's other series are
 // kept: the broker's outage has alerts of its own. A backend that cannot report lag at all
-// (memory://, postgres://) exports nothing.
+// (memory://) exports nothing.
 func NewLagCollector(b *Backend, topic string, groups ...string) prometheus.Collector {
 	return &lagCollector{b: b, topic: topic, groups: groups}
 }

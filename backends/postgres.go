@@ -54,6 +54,7 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 	}
 	return &Backend{
 		Publisher: classifyingPublisher{Publisher: metadataFormat{Publisher: pub, wire: newWireFormat(opts)}, classify: classifyPostgres},
+		lag:       postgresTopicLag(pool, adapter, offsets),
 		newSubscriber: func(group string) (Subscriber, error) {
 			sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
 				ConsumerGroup: group, SchemaAdapter: adapter, OffsetsAdapter: offsets,
@@ -153,4 +154,30 @@ func classifyPostgres(err error) error {
 		return outboxkit.Transport(err)
 	}
 	return err
+}
+
+// postgresTopicLag counts the topic's messages after the group's acknowledged position — the
+// (transaction id, offset) pair watermill-sql's subscriber resumes from, which is also the order of
+// the table's primary key — and the age of the first of them. A message being handled is not
+// acknowledged until its transaction commits, so it counts as waiting: there is no separate unacked
+// figure.
+func postgresTopicLag(pool *pgxpool.Pool, adapter pgTopicSchema, offsets wsql.DefaultPostgreSQLOffsetsAdapter) func(ctx context.Context, topic, group string) (Lag, error) {
+	return func(ctx context.Context, topic, group string) (Lag, error) {
+		query := `SELECT count(*), EXTRACT(EPOCH FROM localtimestamp - min(m.created_at))::float8
+			FROM ` + adapter.MessagesTable(topic) + ` AS m
+			LEFT JOIN ` + offsets.MessagesOffsetsTable(topic) + ` AS o ON o.consumer_group = $1
+			WHERE (m.transaction_id, m."offset") > (coalesce(o.last_processed_transaction_id, '0'::xid8), coalesce(o.offset_acked, 0))`
+		var (
+			n   int64
+			age *float64
+		)
+		if err := pool.QueryRow(ctx, query, group).Scan(&n, &age); err != nil {
+			return Lag{}, classifyPostgres(err)
+		}
+		l := Lag{Waiting: n}
+		if age != nil {
+			l.OldestAge, l.HasAge = max(0, time.Duration(*age*float64(time.Second))), true
+		}
+		return l, nil
+	}
 }
