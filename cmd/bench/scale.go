@@ -75,9 +75,10 @@ func benchClaim(ctx context.Context, c config) ([]series, error) {
 		schemas[i] = schema
 		if history > 0 {
 			fmt.Printf("  loading %s published rows…\n", humanCount(history))
-			// History as the relay leaves it: published, keyed, with a realistic payload.
+			// History as the relay leaves it: published, keyed, with a realistic payload. (A uuid
+			// and an untyped '{}' fit every schema version's columns.)
 			if _, err := pool.Exec(ctx, `INSERT INTO `+schemas[i]+`.outbox (uuid, topic, partition_key, payload, metadata, created_at, published_at, attempts)
-				SELECT 'h-' || g, 'orders', 'order-' || (g % 5000), convert_to(repeat('x', 120), 'UTF8'), '{}'::jsonb,
+				SELECT md5('h-' || g)::uuid, 'orders', 'order-' || (g % 5000), convert_to(repeat('x', 120), 'UTF8'), '{}',
 					now() - interval '1 day', now() - interval '1 day', 1
 				FROM generate_series(1, $1::bigint) AS g`, history); err != nil {
 				return nil, err
