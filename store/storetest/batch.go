@@ -111,6 +111,10 @@ type txRecorder[TTx any] struct {
 func (r *txRecorder[TTx]) handler() message.HandlerFunc {
 	return middleware.NoPublish(handlers.JSON(func(ctx context.Context, tx TTx, o order) error {
 		msg, _ := handlers.MessageFrom(ctx)
+		// Inside a batch, as in the per-message stack, the handler gets its outbound key.
+		if key, ok := middleware.OutboundKey(ctx); !ok || key != outboxkit.OutboundKey("billing", msg.UUID) {
+			return fmt.Errorf("outbound key %q (%v), want the billing key of %s", key, ok, msg.UUID)
+		}
 		r.mu.Lock()
 		if r.txs == nil {
 			r.txs = map[any]int{}
