@@ -58,14 +58,9 @@ type e2eResult struct {
 // consumer: outboxkit beside stock Watermill (watermill-sql publisher in the transaction,
 // components/forwarder, watermill-amqp, and a consumer deduplicating in its own transaction).
 func benchE2E(ctx context.Context, c config) ([]series, error) {
-	cfg, err := pgxpool.ParseConfig(c.dbURL)
+	pool, err := e2ePool(ctx, c)
 	if err != nil {
 		return nil, err
-	}
-	cfg.MaxConns = 48
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("database: %w", err)
 	}
 	defer pool.Close()
 	fmt.Printf("\nend to end: commit → consumer effect committed, RabbitMQ between; %s per rate, %d reps\n", c.e2eFor, c.reps)
@@ -134,6 +129,16 @@ func benchE2E(ctx context.Context, c config) ([]series, error) {
 
 // benchE2EMax is the search for the highest sustained rate alone (--scenario e2e-max).
 func benchE2EMax(ctx context.Context, c config) ([]series, error) {
+	pool, err := e2ePool(ctx, c)
+	if err != nil {
+		return nil, err
+	}
+	defer pool.Close()
+	return e2eMaxRate(ctx, c, pool)
+}
+
+// e2ePool is the end-to-end runs' pool: room for the writers, the relay and the consumers.
+func e2ePool(ctx context.Context, c config) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(c.dbURL)
 	if err != nil {
 		return nil, err
@@ -143,8 +148,7 @@ func benchE2EMax(ctx context.Context, c config) ([]series, error) {
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
-	defer pool.Close()
-	return e2eMaxRate(ctx, c, pool)
+	return pool, nil
 }
 
 // e2eMaxRate finds the highest offered rate at which outboxkit's p99 stays under 100 ms, every

@@ -79,24 +79,32 @@ func expectPublished(t *testing.T, r recorder, uuid string, within time.Duration
 	}
 }
 
-func TestNotifiesOnCommitOnly(t *testing.T) {
-	t.Parallel()
-	pg := testenv.NewPG(t)
+// listenForWakeUps listens on the schema's wake-up channel; notified(d) reports whether a
+// notification arrived within d.
+func listenForWakeUps(t *testing.T, pg *testenv.PG) (notified func(d time.Duration) bool) {
+	t.Helper()
 	ctx := context.Background()
 	listener, err := pgx.Connect(ctx, pg.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer listener.Close(ctx)
+	t.Cleanup(func() { _ = listener.Close(context.Background()) })
 	if _, err := listener.Exec(ctx, `LISTEN "`+string(pg.Schema)+`_outbox"`); err != nil {
 		t.Fatal(err)
 	}
-	notified := func(d time.Duration) bool {
+	return func(d time.Duration) bool {
 		ctx, cancel := context.WithTimeout(ctx, d)
 		defer cancel()
 		_, err := listener.WaitForNotification(ctx)
 		return err == nil
 	}
+}
+
+func TestNotifiesOnCommitOnly(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewPG(t)
+	ctx := context.Background()
+	notified := listenForWakeUps(t, pg)
 	publishIn := func(commit bool) {
 		tx, err := pg.Pool.Begin(ctx)
 		if err != nil {
@@ -510,20 +518,7 @@ func TestWritersSkipNotifyWhileARelayIsAwake(t *testing.T) {
 	t.Parallel()
 	pg := testenv.NewPG(t)
 	ctx := context.Background()
-	listener, err := pgx.Connect(ctx, pg.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(ctx)
-	if _, err := listener.Exec(ctx, `LISTEN "`+string(pg.Schema)+`_outbox"`); err != nil {
-		t.Fatal(err)
-	}
-	notified := func(d time.Duration) bool {
-		ctx, cancel := context.WithTimeout(ctx, d)
-		defer cancel()
-		_, err := listener.WaitForNotification(ctx)
-		return err == nil
-	}
+	notified := listenForWakeUps(t, pg)
 	awaker, ok := pg.Store.Waker().(store.Awaker)
 	if !ok {
 		t.Fatal("the pgx store's waker cannot be told a relay is awake")
