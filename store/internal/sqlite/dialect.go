@@ -185,32 +185,7 @@ func (d *Dialect) Claim(ctx context.Context, db dbexec.DB, p store.ClaimParams) 
 }
 
 func (d *Dialect) gaps(ctx context.Context, q dbexec.Querier, window []store.OutboxRow, park bool) (map[string]int64, error) {
-	var keys []string
-	seen := map[string]bool{}
-	for _, r := range window {
-		if r.PartitionKey != "" && !seen[r.PartitionKey] {
-			seen[r.PartitionKey] = true
-			keys = append(keys, r.PartitionKey)
-		}
-	}
-	if len(keys) == 0 {
-		return nil, nil
-	}
-	rows, err := q.Query(ctx, d.sql["claim_gaps"], dbexec.ListOf(keys), d.Int64s(seqsOf(window)), park)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	gaps := map[string]int64{}
-	for rows.Next() {
-		var key string
-		var seq int64
-		if err := rows.Scan(&key, &seq); err != nil {
-			return nil, err
-		}
-		gaps[key] = seq
-	}
-	return gaps, rows.Err()
+	return sqlstore.QueryGaps(ctx, q, d.sql["claim_gaps"], window, park)
 }
 
 func seqsOf(rows []store.OutboxRow) []int64 {

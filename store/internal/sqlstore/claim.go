@@ -108,3 +108,37 @@ func KeepBeforeGaps(rows []store.OutboxRow, gaps map[string]int64) (kept, droppe
 	}
 	return kept, dropped
 }
+
+// QueryGaps runs a text-parameter dialect's claim_gaps statement (MySQL, SQLite) for the keys of
+// window — arguments (keys, window seqs, park), the lists as dbexec.ListOf — and returns, per key,
+// the seq of its first pending row outside the window. nil when no window row has a key.
+func QueryGaps(ctx context.Context, q dbexec.Querier, query string, window []store.OutboxRow, park bool) (map[string]int64, error) {
+	var keys []string
+	seen := map[string]bool{}
+	seqs := make([]int64, len(window))
+	for i, r := range window {
+		seqs[i] = r.Seq
+		if r.PartitionKey != "" && !seen[r.PartitionKey] {
+			seen[r.PartitionKey] = true
+			keys = append(keys, r.PartitionKey)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	rows, err := q.Query(ctx, query, dbexec.ListOf(keys), dbexec.ListOf(seqs), park)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	gaps := map[string]int64{}
+	for rows.Next() {
+		var key string
+		var seq int64
+		if err := rows.Scan(&key, &seq); err != nil {
+			return nil, err
+		}
+		gaps[key] = seq
+	}
+	return gaps, rows.Err()
+}
