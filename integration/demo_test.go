@@ -3,6 +3,7 @@ package integration
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -451,4 +452,37 @@ exec "$0" --addr 127.0.0.1:0 --status-every 0`
 		t.Fatalf("the demo's database is not under .cache: %v", err)
 	}
 	t.Logf("200 orders through the embedded demo in %s (includes start-up)", elapsed.Round(10*time.Millisecond))
+}
+
+// The demo's parts as separate processes, as the chaos soak runs them: the order service, two
+// relays, and the consumers split over two processes (Billing charging the order service's payment
+// gateway). Every order reaches every consumer once.
+func TestDemo_PartsAsSeparateProcesses(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewEmptyPG(t)
+	url := testenv.AMQPURL(t)
+	testenv.DeleteWhenDone(t, url, string(pg.Schema)+".orders", demoConsumers...)
+	gateway := `"` + string(pg.Schema) + `_gateway"`
+	t.Cleanup(func() { _, _ = pg.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+gateway+" CASCADE") })
+
+	orders := startDemo(t, pg, url, "--role", "orders")
+	startDemo(t, pg, url, "--role", "relay", "--relay-name", "r1")
+	startDemo(t, pg, url, "--role", "relay", "--relay-name", "r2")
+	startDemo(t, pg, url, "--role", "consumers", "--consumers", "shipping,search")
+	startDemo(t, pg, url, "--role", "consumers", "--consumers", "billing", "--gateway", orders.url+"/gateway/charges")
+	for i := range 60 {
+		if code, _ := orders.placeOrder(t, uuid.NewString(), fmt.Sprintf("customer-%d", i)); code != http.StatusCreated {
+			t.Fatalf("order %d: status %d", i, code)
+		}
+	}
+	testenv.Eventually(t, 90*time.Second, "every consumer to apply the 60 orders", func() bool {
+		return pg.Int(t, `SELECT count(*) FROM {{schema}}.shipments`) == 60 && pg.Int(t, `SELECT count(*) FROM {{schema}}.invoices`) == 60 &&
+			pg.Int(t, `SELECT count(*) FROM {{schema}}.search_entries`) == 60
+	})
+	if n := pg.Int(t, `SELECT count(DISTINCT order_id) FROM `+gateway+`.gateway_charges`); n != 60 {
+		t.Fatalf("%d orders charged at the gateway, want 60", n)
+	}
+	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE published_at IS NULL`); n != 0 {
+		t.Fatalf("%d events still pending", n)
+	}
 }

@@ -59,6 +59,9 @@ func (c *relayControl) stop() {
 }
 
 func (c *relayControl) running() bool {
+	if c == nil {
+		return false
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.cancel != nil
@@ -105,16 +108,19 @@ func run(ctx context.Context, o options) error {
 		biz.lag = func(ctx context.Context, group string) (backends.Lag, error) { return broker.Lag(ctx, topic, group) }
 		reg.MustRegister(backends.NewLagCollector(broker, topic, groups...))
 	}
-	pub := &faultyPublisher{Publisher: broker.Publisher, failEvery: o.failPublishEvery, crashEvery: o.crashAfterPublish}
-	relay, err := forwarder.New(forwarder.Config{
-		Store: db, Name: "demo", Publisher: pub, Registerer: reg, Logger: logger,
-		Backoff: forwarder.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2},
-	})
-	if err != nil {
-		return err
-	}
-	if o.crashAfterPublish > 0 {
-		faults.Inject(relay, faults.AfterPublish, pub.afterPublish)
+	var relay *forwarder.Forwarder
+	if o.runs(roleRelay) {
+		pub := &faultyPublisher{Publisher: broker.Publisher, failEvery: o.failPublishEvery, crashEvery: o.crashAfterPublish}
+		relay, err = forwarder.New(forwarder.Config{
+			Store: db, Name: o.relayName, Publisher: pub, Registerer: reg, Logger: logger,
+			Backoff: forwarder.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2},
+		})
+		if err != nil {
+			return err
+		}
+		if o.crashAfterPublish > 0 {
+			faults.Inject(relay, faults.AfterPublish, pub.afterPublish)
+		}
 	}
 
 	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, logger)
@@ -131,29 +137,42 @@ func run(ctx context.Context, o options) error {
 	}
 	defer ln.Close()
 	base := "http://" + ln.Addr().String()
-	gatewayDB, err := openGateway(ctx, o, db.Dialect)
-	if err != nil {
-		return err
+	var gateway http.Handler
+	if o.runs(roleOrders) {
+		gatewayDB, err := openGateway(ctx, o, db.Dialect)
+		if err != nil {
+			return err
+		}
+		defer gatewayDB.Close()
+		if gateway, err = gatewayHandler(gatewayDB, logger); err != nil {
+			return err
+		}
 	}
-	defer gatewayDB.Close()
-	gateway, err := gatewayHandler(gatewayDB, logger)
-	if err != nil {
-		return err
+	if o.runs(roleConsumers) {
+		gatewayURL := o.gatewayURL
+		if gatewayURL == "" {
+			gatewayURL = base + "/gateway/charges"
+		}
+		billing := &gatewayClient{url: gatewayURL, http: &http.Client{Timeout: 10 * time.Second}}
+		if err := addConsumers(router, biz, broker, topic, reg, billing, o, logger); err != nil {
+			return err
+		}
 	}
-	billing := &gatewayClient{url: base + "/gateway/charges", http: &http.Client{Timeout: 10 * time.Second}}
-	if err := addConsumers(router, biz, broker, topic, reg, billing, o, logger); err != nil {
-		return err
+	if o.runs(roleConsumers) { // (a router with no handlers would never finish closing)
+		routerCtx, stopRouter := context.WithCancel(context.Background())
+		routerDone := make(chan error, 1)
+		go func() { routerDone <- router.Run(routerCtx) }()
+		defer func() { stopRouter(); <-routerDone }()
+		if err := waitRunning(ctx, router); err != nil {
+			return err
+		}
 	}
-	routerCtx, stopRouter := context.WithCancel(context.Background())
-	routerDone := make(chan error, 1)
-	go func() { routerDone <- router.Run(routerCtx) }()
-	defer func() { stopRouter(); <-routerDone }()
-	if err := waitRunning(ctx, router); err != nil {
-		return err
+	var control *relayControl
+	if relay != nil {
+		control = &relayControl{relay: relay}
+		control.start(context.Background())
+		defer control.stop()
 	}
-	control := &relayControl{relay: relay}
-	control.start(context.Background())
-	defer control.stop()
 
 	idem, err := idempotency.Middleware(idempotency.Config{Store: db, Logger: logger})
 	if err != nil {
@@ -161,21 +180,25 @@ func run(ctx context.Context, o options) error {
 	}
 	orders := &orderService{b: biz, topic: topic, poisonEvery: o.poisonEvery}
 	mux := http.NewServeMux()
-	mux.Handle("POST /orders", idem(http.HandlerFunc(orders.create)))
-	mux.Handle("POST /orders/{id}/cancel", idem(http.HandlerFunc(orders.cancel)))
-	mux.HandleFunc("GET /orders/{id}", orders.get)
-	mux.Handle("POST /gateway/charges", gateway)
+	if o.runs(roleOrders) {
+		mux.Handle("POST /orders", idem(http.HandlerFunc(orders.create)))
+		mux.Handle("POST /orders/{id}/cancel", idem(http.HandlerFunc(orders.cancel)))
+		mux.HandleFunc("GET /orders/{id}", orders.get)
+		mux.Handle("POST /gateway/charges", gateway)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) })
 	mux.HandleFunc("GET /readyz", readiness(db, control, o.readyMaxAge))
-	mux.HandleFunc("POST /admin/relay/stop", func(w http.ResponseWriter, r *http.Request) {
-		control.stop()
-		writeJSON(w, 200, map[string]bool{"relay_running": false})
-	})
-	mux.HandleFunc("POST /admin/relay/start", func(w http.ResponseWriter, r *http.Request) {
-		control.start(context.Background())
-		writeJSON(w, 200, map[string]bool{"relay_running": true})
-	})
+	if control != nil {
+		mux.HandleFunc("POST /admin/relay/stop", func(w http.ResponseWriter, r *http.Request) {
+			control.stop()
+			writeJSON(w, 200, map[string]bool{"relay_running": false})
+		})
+		mux.HandleFunc("POST /admin/relay/start", func(w http.ResponseWriter, r *http.Request) {
+			control.start(context.Background())
+			writeJSON(w, 200, map[string]bool{"relay_running": true})
+		})
+	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	defer func() {

@@ -87,6 +87,9 @@ func addConsumers(router *message.Router, b *business, broker *backends.Backend,
 		},
 	}
 	for _, c := range consumerNames {
+		if !o.runsConsumer(c.name) {
+			continue
+		}
 		sub, err := broker.NewSubscriber(c.name)
 		if err != nil {
 			return fmt.Errorf("consumer %s: cannot subscribe: %w", c.name, err)

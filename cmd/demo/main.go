@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -24,6 +25,14 @@ import (
 
 type options struct {
 	dbURL, brokerURL, schema, addr string
+
+	// role is what this process runs: all of it, or one part, so that the parts can run (and
+	// be killed) as separate processes: orders (the HTTP service and the payment gateway), relay
+	// (a forwarder; run several), consumers (those named in only).
+	role       string
+	only       []string // consumers to run; all when empty
+	relayName  string
+	gatewayURL string // the payment gateway Billing charges; default this process's own
 
 	orders        int
 	rate          float64
@@ -57,6 +66,12 @@ func main() {
 	flag.StringVar(&o.schema, "schema", env("OUTBOXKIT_SCHEMA", "outboxkit_demo"),
 		"Postgres schema or MySQL database for the demo's tables and outboxkit's (SQLite: the file holds them)")
 	flag.StringVar(&o.addr, "addr", "127.0.0.1:8080", "HTTP listen address")
+	flag.StringVar(&o.role, "role", roleAll, "what this process runs: all, or one part to run as a process of its own: "+
+		"orders (the HTTP service and the payment gateway), relay (a forwarder: run several) or consumers")
+	consumers := flag.String("consumers", "", "with --role consumers: the consumers to run, comma-separated (default: shipping,billing,search)")
+	flag.StringVar(&o.relayName, "relay-name", "demo", "the forwarder's name in metrics and logs (give each relay process its own)")
+	flag.StringVar(&o.gatewayURL, "gateway", "", "the payment gateway Billing charges (default: this process's own /gateway/charges; "+
+		"with --role consumers, the orders process's)")
 	flag.IntVar(&o.orders, "orders", 200, "sample orders to place (0: none, with --serve)")
 	flag.Float64Var(&o.rate, "rate", 50, "sample orders per second")
 	flag.IntVar(&o.retryPercent, "retry-percent", 10, "share of sample POSTs sent again with the same Idempotency-Key")
@@ -75,6 +90,20 @@ func main() {
 	flag.StringVar(&o.rejectCustomer, "reject-customer", "", "make Billing refuse orders of this customer as permanently invalid: "+
 		"they are quarantined; restart without it and replay them with outboxctl")
 	flag.Parse()
+	if *consumers != "" {
+		o.only = strings.Split(*consumers, ",")
+	}
+	if o.role == roleRelay || o.role == roleConsumers {
+		// A part with no service of its own places no sample orders: it serves until stopped.
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["orders"] {
+			o.orders = 0
+		}
+		if !set["serve"] {
+			o.serve = true
+		}
+	}
 	if err := o.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(2)
@@ -91,6 +120,25 @@ func (o options) validate() error {
 	var errs []string
 	if o.orders < 0 || o.rate <= 0 || o.retryPercent < 0 || o.retryPercent > 100 {
 		errs = append(errs, "--orders must be ≥ 0, --rate > 0, --retry-percent within 0..100")
+	}
+	switch o.role {
+	case roleAll, roleOrders, roleRelay, roleConsumers:
+	default:
+		errs = append(errs, fmt.Sprintf("--role %q: use all, orders, relay or consumers", o.role))
+	}
+	for _, c := range o.only {
+		if !slices.ContainsFunc(consumerNames, func(s consumerSpec) bool { return s.name == c }) {
+			errs = append(errs, fmt.Sprintf("--consumers: no consumer %q (there are shipping, billing and search)", c))
+		}
+	}
+	if len(o.only) > 0 && o.role != roleConsumers {
+		errs = append(errs, "--consumers goes with --role consumers")
+	}
+	if o.role == roleConsumers && o.gatewayURL == "" && (len(o.only) == 0 || slices.Contains(o.only, "billing")) {
+		errs = append(errs, "--role consumers runs Billing, which charges the payment gateway of the orders process: pass --gateway http://…/gateway/charges")
+	}
+	if o.orders > 0 && (o.role == roleRelay || o.role == roleConsumers) {
+		errs = append(errs, "--orders places sample orders through this process's own service: pass --orders 0 --serve with --role "+o.role)
 	}
 	if o.orders == 0 && !o.serve {
 		errs = append(errs, "--orders 0 places nothing: add --serve to run the service only")
@@ -113,4 +161,19 @@ func env(key, def string) string {
 		return v
 	}
 	return def
+}
+
+const (
+	roleAll       = "all"
+	roleOrders    = "orders"
+	roleRelay     = "relay"
+	roleConsumers = "consumers"
+)
+
+// runs reports whether this process runs part.
+func (o options) runs(part string) bool { return o.role == roleAll || o.role == part }
+
+// runsConsumer reports whether this process runs the consumer name.
+func (o options) runsConsumer(name string) bool {
+	return o.runs(roleConsumers) && (len(o.only) == 0 || slices.Contains(o.only, name))
 }
