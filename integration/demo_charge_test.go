@@ -12,7 +12,6 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/outboxkit/outboxkit/idempotency"
-	"github.com/outboxkit/outboxkit/internal/testenv"
 )
 
 // Billing charges the payment gateway over HTTP before it records the invoice, and the demo
@@ -22,11 +21,7 @@ import (
 // once, and Billing invoices it once.
 func TestDemo_CrashAfterChargeChargesEveryOrderOnce(t *testing.T) {
 	t.Parallel()
-	pg := testenv.NewEmptyPG(t)
-	url := testenv.AMQPURL(t)
-	testenv.DeleteWhenDone(t, url, string(pg.Schema)+".orders", demoConsumers...)
-	gateway := `"` + string(pg.Schema) + `_gateway"`
-	t.Cleanup(func() { _, _ = pg.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+gateway+" CASCADE") })
+	pg, url, gateway := newDemoEnv(t)
 
 	const orders = 24
 	keys := make([]string, orders)

@@ -188,13 +188,24 @@ func (s ctlStatus) consumer(name string) (processed, duplicates, dead int) {
 
 var demoConsumers = []string{"shipping", "billing", "search"}
 
+// newDemoEnv is a demo's database schema (empty: the demo migrates it) and RabbitMQ, with what the
+// demo makes cleaned up when the test ends: its topic's exchange and queues, and the schema of its
+// payment gateway, whose quoted name is returned.
+func newDemoEnv(t *testing.T) (pg *testenv.PG, amqpURL, gatewaySchema string) {
+	t.Helper()
+	pg = testenv.NewEmptyPG(t)
+	amqpURL = testenv.AMQPURL(t)
+	testenv.DeleteWhenDone(t, amqpURL, string(pg.Schema)+".orders", demoConsumers...)
+	gatewaySchema = `"` + string(pg.Schema) + `_gateway"`
+	t.Cleanup(func() { _, _ = pg.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+gatewaySchema+" CASCADE") })
+	return pg, amqpURL, gatewaySchema
+}
+
 // 500 orders through the demo binary, 10% retried with the same key (half of those concurrently):
 // 500 orders, 500 shipments, 500 invoices, 500 search entries, no dead letters.
 func TestDemo_FiveHundredOrdersEndToEnd(t *testing.T) {
 	t.Parallel()
-	pg := testenv.NewEmptyPG(t)
-	url := testenv.AMQPURL(t)
-	testenv.DeleteWhenDone(t, url, string(pg.Schema)+".orders", demoConsumers...)
+	pg, url, _ := newDemoEnv(t)
 	d := startDemo(t, pg, url)
 
 	var wg sync.WaitGroup
@@ -286,9 +297,7 @@ func TestDemo_FiveHundredOrdersEndToEnd(t *testing.T) {
 // it and it is processed once; replayed again it is absorbed as a duplicate.
 func TestDemo_OutboxctlDeadLetterRoundTrip(t *testing.T) {
 	t.Parallel()
-	pg := testenv.NewEmptyPG(t)
-	url := testenv.AMQPURL(t)
-	testenv.DeleteWhenDone(t, url, string(pg.Schema)+".orders", demoConsumers...)
+	pg, url, _ := newDemoEnv(t)
 
 	d := startDemo(t, pg, url, "--reject-customer", "mallory")
 	if code, _ := d.placeOrder(t, uuid.NewString(), "mallory"); code != http.StatusCreated {
@@ -336,9 +345,7 @@ func TestDemo_OutboxctlDeadLetterRoundTrip(t *testing.T) {
 // again once the relay runs and drains it.
 func TestDemo_ReadinessFollowsTheBacklog(t *testing.T) {
 	t.Parallel()
-	pg := testenv.NewEmptyPG(t)
-	url := testenv.AMQPURL(t)
-	testenv.DeleteWhenDone(t, url, string(pg.Schema)+".orders", demoConsumers...)
+	pg, url, _ := newDemoEnv(t)
 	d := startDemo(t, pg, url, "--ready-max-pending-age", "1s")
 	ready := func() bool {
 		resp, err := http.Get(d.url + "/readyz")
@@ -370,9 +377,7 @@ func TestDemo_ReadinessFollowsTheBacklog(t *testing.T) {
 // version 2, behind the OrderPlaced of version 1; every consumer applies both, in that order.
 func TestDemo_CancelLocksTheOrderAndCarriesTheNextVersion(t *testing.T) {
 	t.Parallel()
-	pg := testenv.NewEmptyPG(t)
-	url := testenv.AMQPURL(t)
-	testenv.DeleteWhenDone(t, url, string(pg.Schema)+".orders", demoConsumers...)
+	pg, url, _ := newDemoEnv(t)
 	d := startDemo(t, pg, url)
 
 	resp, err := http.Post(d.url+"/orders", "application/json", strings.NewReader(`{"customer":"ada","total_cents":900}`))
@@ -459,11 +464,7 @@ exec "$0" --addr 127.0.0.1:0 --status-every 0`
 // gateway). Every order reaches every consumer once.
 func TestDemo_PartsAsSeparateProcesses(t *testing.T) {
 	t.Parallel()
-	pg := testenv.NewEmptyPG(t)
-	url := testenv.AMQPURL(t)
-	testenv.DeleteWhenDone(t, url, string(pg.Schema)+".orders", demoConsumers...)
-	gateway := `"` + string(pg.Schema) + `_gateway"`
-	t.Cleanup(func() { _, _ = pg.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+gateway+" CASCADE") })
+	pg, url, gateway := newDemoEnv(t)
 
 	orders := startDemo(t, pg, url, "--role", "orders")
 	startDemo(t, pg, url, "--role", "relay", "--relay-name", "r1")
