@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"strings"
 	"unicode/utf8"
 
@@ -83,26 +82,24 @@ func toRow(i int, topic string, msg *message.Message) (store.OutboxMessage, erro
 		return store.OutboxMessage{}, invalid("partition key is %d bytes; at most %d", len(key), MaxFieldBytes)
 	}
 	md := msg.Metadata
-	if !tracing.Has(md) && trace.SpanContextFromContext(msg.Context()).IsValid() {
-		// The writer's trace context travels with the row (W3C traceparent/tracestate), so the
-		// relay can link its publish to the request and the consumers can continue its trace.
-		// Written into a copy: the caller's message stays as it was given.
-		withTrace := make(message.Metadata, len(md)+2)
-		maps.Copy(withTrace, md)
-		tracing.Inject(msg.Context(), withTrace)
-		md = withTrace
-	}
-	if key != "" {
-		// The key has a column of its own, which the forwarder puts back into the metadata it
-		// publishes: the row does not carry it twice (every byte of the row is written, logged and
-		// replicated inside the caller's transaction). Removed from a copy.
-		trimmed := make(message.Metadata, len(md))
+	// The writer's trace context travels with the row (W3C traceparent/tracestate), so the relay
+	// can link its publish to the request and the consumers can continue its trace. The partition
+	// key does not: it has a column of its own, which the forwarder puts back into the metadata it
+	// publishes, so the row does not carry it twice (every byte of the row is written, logged and
+	// replicated inside the caller's transaction). Both in one copy: the caller's message stays as
+	// it was given.
+	withTrace := !tracing.Has(md) && trace.SpanContextFromContext(msg.Context()).IsValid()
+	if withTrace || key != "" {
+		row := make(message.Metadata, len(md)+2)
 		for k, v := range md {
 			if k != outboxkit.MetadataPartitionKey {
-				trimmed[k] = v
+				row[k] = v
 			}
 		}
-		md = trimmed
+		if withTrace {
+			tracing.Inject(msg.Context(), row)
+		}
+		md = row
 	}
 	metadata := []byte("{}")
 	if len(md) > 0 {

@@ -230,11 +230,32 @@ func InsertQuery(schema Name, msgs []store.OutboxMessage, notify bool) (string, 
 // then the second write is refused: the guard never admits a duplicate. Migration 0006 derives
 // the same values in SQL.
 func StoredID(id string) (key string, text any) {
-	if u, err := uuid.Parse(id); err == nil && u.String() == id {
+	if canonicalUUID(id) {
 		return id, nil
 	}
 	sum := md5.Sum([]byte(id))
 	return uuid.UUID(sum).String(), id
+}
+
+// canonicalUUID reports whether id is a UUID in its canonical lowercase text form. On every
+// insert: uuid.Parse accepts other forms too (braces, urn:, no hyphens, upper case), and telling
+// them apart through its String costs an allocation per row.
+func canonicalUUID(id string) bool {
+	if len(id) != 36 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if c != '-' {
+				return false
+			}
+		case (c < '0' || c > '9') && (c < 'a' || c > 'f'):
+			return false
+		}
+	}
+	return true
 }
 
 func (d *Dialect) InsertOutbox(ctx context.Context, q dbexec.Querier, msgs []store.OutboxMessage) error {
