@@ -59,9 +59,10 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 		return kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: marshaler, OverwriteSaramaConfig: cfg}, opts.Logger)
 	}}
 	bounded := &boundedPublisher{Publisher: lazy, classify: classifyKafka}
+	klag := &kafkaLag{brokers: brokers}
 	return &Backend{
 		Publisher: bounded,
-		lag:       kafkaLag(brokers),
+		lag:       klag.read,
 		newSubscriber: func(group string) (Subscriber, error) {
 			scfg := kafka.DefaultSaramaSubscriberConfig()
 			scfg.Consumer.Offsets.Initial = sarama.OffsetOldest // a new group reads what was published before it joined
@@ -76,7 +77,7 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 			}
 			return newRetryingSubscriber(sub, classifyKafka, opts.Logger), nil
 		},
-		closers: []func() error{bounded.Close},
+		closers: []func() error{bounded.Close, klag.close},
 	}, nil
 }
 
