@@ -89,7 +89,9 @@ func run(ctx context.Context, o options) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
-	topic := "outboxkit_demo.orders"
+	// The schema names the topic on SQLite too (its file holds outboxkit's tables, not a
+	// schema): two demos on one broker keep to their own.
+	topic := o.schema + ".orders"
 	if db.Dialect != "sqlite" {
 		topic = db.Info().Namespace + ".orders"
 	}
@@ -178,7 +180,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	orders := &orderService{b: biz, topic: topic, poisonEvery: o.poisonEvery}
+	orders := &orderService{b: biz, topic: topic, poisonEvery: o.poisonEvery, poisonCustomer: o.poisonCustomer}
 	mux := http.NewServeMux()
 	if o.runs(roleOrders) {
 		mux.Handle("POST /orders", idem(http.HandlerFunc(orders.create)))
@@ -250,6 +252,12 @@ func printFaults(o options) {
 	}
 	if o.poisonEvery > 0 {
 		on = append(on, fmt.Sprintf("--poison-every %d", o.poisonEvery))
+	}
+	if o.poisonCustomer != "" {
+		on = append(on, fmt.Sprintf("--poison-customer %q", o.poisonCustomer))
+	}
+	if o.noInbox {
+		on = append(on, "--no-inbox")
 	}
 	if o.consumerCrash > 0 {
 		on = append(on, fmt.Sprintf("--consumer-crash-every %d", o.consumerCrash))

@@ -57,7 +57,7 @@ func addConsumers(router *message.Router, b *business, broker *backends.Backend,
 			}
 			// The charge is outside this transaction: the gateway deduplicates it on the key, which
 			// is the same on every delivery of this order's event to Billing.
-			key, ok := middleware.OutboundKey(ctx)
+			key, ok := outboundKey(ctx)
 			if !ok {
 				return errors.New("billing runs outside its inbox: no idempotency key for the payment gateway")
 			}
@@ -94,17 +94,97 @@ func addConsumers(router *message.Router, b *business, broker *backends.Backend,
 		if err != nil {
 			return fmt.Errorf("consumer %s: cannot subscribe: %w", c.name, err)
 		}
-		stack, err := middleware.Stack(middleware.StackConfig{
-			Store: b.db, Consumer: c.name, Registerer: reg, Logger: logger,
-			RetryBackoff: middleware.DefaultRetryBackoff, MaxRetries: 1,
-		})
+		var stack []message.HandlerMiddleware
+		if o.noInbox {
+			stack, err = stackWithoutInbox(b, c.name, logger)
+		} else {
+			// The order guard applies an order's events in version order (OrderCancelled after
+			// OrderPlaced) whatever the broker does with a redelivery.
+			stack, err = middleware.Stack(middleware.StackConfig{
+				Store: b.db, Consumer: c.name, Registerer: reg, Logger: logger,
+				RetryBackoff: middleware.DefaultRetryBackoff, MaxRetries: 1,
+				OrderGuard: &middleware.OrderGuardConfig{},
+			})
+		}
 		if err != nil {
 			return err
 		}
-		h := router.AddConsumerHandler(c.name, topic, sub, handlers.JSON(effects[c.name]))
+		h := router.AddConsumerHandler(c.name, topic, sub, handlers.JSON(logged(b, c.name, effects[c.name])))
 		h.AddMiddleware(stack...)
 	}
 	return nil
+}
+
+// logged records each effect fn commits in the effects table, in fn's transaction: one row per
+// handler run that committed, so that an event handled twice shows as two rows.
+func logged(b *business, consumer string, fn handlers.Func[*sql.Tx, OrderPlaced]) handlers.Func[*sql.Tx, OrderPlaced] {
+	insert := b.q(`INSERT INTO {{t}}.effects (consumer, order_id, event, message_id, applied_at) VALUES (?, ?, ?, ?, ?)`)
+	return func(ctx context.Context, tx *sql.Tx, o OrderPlaced) error {
+		if err := fn(ctx, tx, o); err != nil {
+			return err
+		}
+		event, id := "OrderPlaced", ""
+		if msg, ok := handlers.MessageFrom(ctx); ok {
+			event, id = outboxkit.EventType(msg), msg.UUID
+		}
+		_, err := tx.ExecContext(ctx, insert, consumer, o.OrderID, event, id, b.now())
+		return err
+	}
+}
+
+// stackWithoutInbox is --no-inbox: the consumer stack with its inbox (and so its order guard)
+// taken out, each message handled in a plain transaction of its own. Redeliveries are applied again: the
+// effects table shows them. It exists to show what the inbox prevents; never run a consumer so.
+func stackWithoutInbox(b *business, consumer string, logger watermill.LoggerAdapter) ([]message.HandlerMiddleware, error) {
+	unreachable := middleware.IsUnreachableIn(b.db)
+	circuit, err1 := middleware.NewCircuit(middleware.CircuitConfig{Consumer: consumer, IsUnreachable: unreachable, Logger: logger})
+	count, err2 := middleware.NewDeliveryCount(middleware.DeliveryCountConfig{Store: b.db, Consumer: consumer, IsUnreachable: unreachable, Logger: logger})
+	dead, err3 := middleware.NewDeadLetter(middleware.DeadLetterConfig{Store: b.db, Consumer: consumer, IsUnreachable: unreachable, Logger: logger})
+	retry, err4 := middleware.NewRetry(middleware.RetryConfig{MaxRetries: 1, Backoff: middleware.DefaultRetryBackoff, IsUnreachable: unreachable, Logger: logger})
+	if err := errors.Join(err1, err2, err3, err4); err != nil {
+		return nil, err
+	}
+	plainTx := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			ctx := msg.Context()
+			tx, err := b.db.SQL.BeginTx(ctx, nil)
+			if err != nil {
+				return nil, err
+			}
+			defer func() { _ = tx.Rollback() }()
+			ctx = context.WithValue(outboxkit.WithTx(ctx, tx), noInboxKey{}, outboxkit.OutboundKey(consumer, msg.UUID))
+			msg.SetContext(ctx)
+			out, err := h(msg)
+			if err != nil {
+				return out, err
+			}
+			return out, tx.Commit()
+		}
+	}
+	// A counted delivery holds a connection and its plain transaction takes a second (the inbox
+	// would reuse the first): two at a time per consumer keep a broker that hands out many at
+	// once (memory://) from taking every connection of the pool and waiting for one more.
+	inFlight := make(chan struct{}, 2)
+	limit := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			inFlight <- struct{}{}
+			defer func() { <-inFlight }()
+			return h(msg)
+		}
+	}
+	return []message.HandlerMiddleware{limit, circuit, count, dead, retry, plainTx}, nil
+}
+
+// noInboxKey carries the outbound key under --no-inbox, where middleware.OutboundKey has none.
+type noInboxKey struct{}
+
+// outboundKey is the idempotency key of Billing's charge: the inbox's, or --no-inbox's.
+func outboundKey(ctx context.Context) (string, bool) {
+	if key, ok := middleware.OutboundKey(ctx); ok {
+		return key, true
+	}
+	key, ok := ctx.Value(noInboxKey{}).(string)
+	return key, ok
 }
 
 // cancelled reports whether the event being handled is an OrderCancelled (the orders topic carries

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
 	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -32,7 +33,8 @@ var errRelayCrash = errors.New("relay crashed after publishing, before marking (
 // published again by a later pass, and every inbox absorbs the duplicates. (Every Nth pass rather
 // than every Nth message: a backlog longer than N would otherwise crash every pass.)
 func (p *faultyPublisher) afterPublish() error {
-	if p.passes.Add(1)%p.crashEvery == 0 {
+	if n := p.passes.Add(1); n%p.crashEvery == 0 {
+		fmt.Fprintf(os.Stderr, "demo: fault: relay pass %d ended after publishing, before marking (--crash-after-publish %d)\n", n, p.crashEvery)
 		return errRelayCrash
 	}
 	return nil

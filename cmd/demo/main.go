@@ -46,9 +46,11 @@ type options struct {
 	failPublishEvery  int64
 	crashAfterPublish int64
 	poisonEvery       int64
+	poisonCustomer    string
 	consumerCrash     int64
 	crashAfterCharge  int64
 	rejectCustomer    string
+	noInbox           bool
 }
 
 // defaultDB and defaultBroker need no server.
@@ -64,7 +66,7 @@ func main() {
 	flag.StringVar(&o.brokerURL, "broker", env("OUTBOXKIT_BROKER_URL", defaultBroker),
 		"broker URL: memory://, amqp://, kafka://, nats://, redis:// (env OUTBOXKIT_BROKER_URL)")
 	flag.StringVar(&o.schema, "schema", env("OUTBOXKIT_SCHEMA", "outboxkit_demo"),
-		"Postgres schema or MySQL database for the demo's tables and outboxkit's (SQLite: the file holds them)")
+		"Postgres schema or MySQL database for the demo's tables and outboxkit's (SQLite: the file holds them); it names the broker topic too")
 	flag.StringVar(&o.addr, "addr", "127.0.0.1:8080", "HTTP listen address")
 	flag.StringVar(&o.role, "role", roleAll, "what this process runs: all, or one part to run as a process of its own: "+
 		"orders (the HTTP service and the payment gateway), relay (a forwarder: run several) or consumers")
@@ -84,11 +86,14 @@ func main() {
 	flag.Int64Var(&o.crashAfterPublish, "crash-after-publish", 0, "make every Nth relay pass die after publishing, before marking: "+
 		"the rows are published again and every inbox absorbs the duplicates")
 	flag.Int64Var(&o.poisonEvery, "poison-every", 0, "give every Nth order's event a payload no consumer can decode: each consumer quarantines it")
+	flag.StringVar(&o.poisonCustomer, "poison-customer", "", "give the events of this customer's orders a payload no consumer can decode: each consumer quarantines them")
 	flag.Int64Var(&o.consumerCrash, "consumer-crash-every", 0, "make Billing fail before commit on every Nth message: it is rolled back and redelivered")
 	flag.Int64Var(&o.crashAfterCharge, "crash-after-charge-every", 0, "make the process exit (status 3) after Billing's Nth charge at the payment "+
 		"gateway, before its invoice commits: restarted, Billing charges again with the same Idempotency-Key and the gateway charges once (needs a durable broker)")
 	flag.StringVar(&o.rejectCustomer, "reject-customer", "", "make Billing refuse orders of this customer as permanently invalid: "+
 		"they are quarantined; restart without it and replay them with outboxctl")
+	flag.BoolVar(&o.noInbox, "no-inbox", false, "run the consumers WITHOUT their inbox (and order guard), to show what it prevents: "+
+		"redelivered events are applied again, and the effects table shows it")
 	flag.Parse()
 	if *consumers != "" {
 		o.only = strings.Split(*consumers, ",")

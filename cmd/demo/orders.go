@@ -34,7 +34,9 @@ type orderService struct {
 	b           *business
 	topic       string
 	poisonEvery int64 // every Nth order's event gets a payload no consumer can decode
-	placed      atomic.Int64
+	// poisonCustomer's orders' events get a payload no consumer can decode.
+	poisonCustomer string
+	placed         atomic.Int64
 }
 
 func (s *orderService) create(w http.ResponseWriter, r *http.Request) {
@@ -106,8 +108,8 @@ func (s *orderService) write(ctx context.Context, tx *sql.Tx, o OrderPlaced) err
 		return err
 	}
 	outboxkit.SetVersion(msg, 1)
-	if n := s.placed.Add(1); s.poisonEvery > 0 && n%s.poisonEvery == 0 {
-		msg.Payload = []byte("not json") // --poison-every: consumers quarantine it
+	if n := s.placed.Add(1); (s.poisonEvery > 0 && n%s.poisonEvery == 0) || (s.poisonCustomer != "" && o.Customer == s.poisonCustomer) {
+		msg.Payload = []byte("not json") // --poison-every, --poison-customer: consumers quarantine it
 	}
 	return s.publish(ctx, tx, msg)
 }

@@ -1,43 +1,24 @@
 package testenv
 
 import (
-	"net"
 	"net/url"
-	"sync"
-	"sync/atomic"
 	"testing"
+
+	"github.com/outboxkit/outboxkit/internal/tcpproxy"
 )
 
 // Proxy is a TCP proxy in front of a service that a test can cut (every connection dropped, new
 // ones refused) and restore, to provoke an outage without touching the shared server.
-type Proxy struct {
-	ln     net.Listener
-	target string
-
-	mu     sync.Mutex
-	cut    bool
-	frozen chan struct{} // non-nil while frozen; closed by Thaw
-	conns  map[net.Conn]struct{}
-	wg     sync.WaitGroup
-
-	attempts atomic.Int64
-}
+type Proxy = tcpproxy.Proxy
 
 // NewProxy listens on a free loopback port and forwards to target (host:port) until the test ends.
 func NewProxy(t testing.TB, target string) *Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := tcpproxy.Listen(target)
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.Cut()
-		p.wg.Wait()
-	})
+	t.Cleanup(p.Close)
 	return p
 }
 
@@ -49,120 +30,6 @@ func ProxyURL(t testing.TB, rawURL string) (*Proxy, string) {
 		t.Fatal(err)
 	}
 	p := NewProxy(t, u.Host)
-	u.Host = p.ln.Addr().String()
+	u.Host = p.Addr()
 	return p, u.String()
-}
-
-// Addr is the proxy's host:port.
-func (p *Proxy) Addr() string { return p.ln.Addr().String() }
-
-// Attempts counts the connections clients have opened to the proxy so far, those refused while it
-// was cut included: how hard a client knocks during an outage.
-func (p *Proxy) Attempts() int64 { return p.attempts.Load() }
-
-// Cut drops every open connection and refuses new ones until Restore.
-func (p *Proxy) Cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = true
-	if p.frozen != nil {
-		close(p.frozen)
-		p.frozen = nil
-	}
-	for c := range p.conns {
-		_ = c.Close()
-	}
-}
-
-// Freeze stops forwarding bytes while keeping every connection open: the peer sees a black hole
-// (no reply, no error) until Thaw.
-func (p *Proxy) Freeze() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.frozen == nil {
-		p.frozen = make(chan struct{})
-	}
-}
-
-// Thaw forwards again what was held back.
-func (p *Proxy) Thaw() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.frozen != nil {
-		close(p.frozen)
-		p.frozen = nil
-	}
-}
-
-func (p *Proxy) gate() <-chan struct{} {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.frozen
-}
-
-// Restore accepts connections again.
-func (p *Proxy) Restore() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.cut = false
-}
-
-func (p *Proxy) accept() {
-	defer p.wg.Done()
-	for {
-		client, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		p.attempts.Add(1)
-		p.mu.Lock()
-		if p.cut {
-			p.mu.Unlock()
-			_ = client.Close()
-			continue
-		}
-		p.mu.Unlock()
-		server, err := net.Dial("tcp", p.target)
-		if err != nil {
-			_ = client.Close()
-			continue
-		}
-		p.mu.Lock()
-		if p.cut { // cut while dialing
-			p.mu.Unlock()
-			_ = client.Close()
-			_ = server.Close()
-			continue
-		}
-		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.pipe(client, server)
-		go p.pipe(server, client)
-	}
-}
-
-func (p *Proxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	buf := make([]byte, 32*1024)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			if g := p.gate(); g != nil {
-				<-g
-			}
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				break
-			}
-		}
-		if err != nil {
-			break
-		}
-	}
-	_ = dst.Close()
-	_ = src.Close()
-	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
-	p.mu.Unlock()
 }
