@@ -1,0 +1,156 @@
+// Command chaos is outboxkit's soak: the demo's order service, two or more forwarders and the
+// Shipping, Billing and Search consumers run as separate processes against real services; orders
+// are offered at a steady rate (some POSTs repeated with the same Idempotency-Key, every
+// unanswered one retried as a client would) while faults are injected at random, all at once:
+// processes killed with SIGKILL and restarted, the soak's broker connections closed (and, with
+// --broker-restart, the broker application stopped and started), the soak's own database sessions
+// terminated, poisoned events, relays dying between publish and mark, Billing dying between its
+// charge and its commit. After a bounded drain an invariant checker reads the databases and the
+// run prints its failure matrix; it exits 1 on any violation.
+//
+//	go run ./cmd/chaos [--store postgres|mysql|sqlite] [--broker amqp|kafka|nats|redis] [--duration 2m] [--rate 20]
+//
+// Everything it creates is its own and is removed at the end (--keep keeps it): a Postgres schema
+// or MySQL database (and a MySQL user) or SQLite files, a RabbitMQ vhost, NATS stream or Redis
+// stream, a Kafka broker (kfake) of its own. It touches nothing else on the shared servers, except
+// that --broker-restart stops the whole RabbitMQ application for a few seconds.
+//
+// --no-inbox is the negative control: the consumers run without their inbox, and the checker
+// must report the redeliveries they applied twice.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+)
+
+type options struct {
+	store, broker       string
+	dbURL, brokerURL    string
+	duration, drain     time.Duration
+	rate                float64
+	relays              int
+	faultEvery          time.Duration
+	retryPercent        int
+	cancelPercent       int
+	poisonPercent       int
+	crashAfterPublish   int
+	crashAfterCharge    int
+	brokerRestart       bool
+	noInbox             bool
+	keep                bool
+	demoBin, repo, work string
+	seed                uint64
+	quiet               bool
+}
+
+func main() {
+	var o options
+	flag.StringVar(&o.store, "store", "postgres", "the database: postgres, mysql or sqlite")
+	flag.StringVar(&o.broker, "broker", "amqp", "the broker: amqp, kafka, nats or redis")
+	flag.StringVar(&o.dbURL, "db", "", "the database server (default: $OUTBOXKIT_TEST_POSTGRES_URL or $OUTBOXKIT_TEST_MYSQL_URL, else the local one); "+
+		"the soak creates a schema (MySQL: a database and a user) of its own in it")
+	flag.StringVar(&o.brokerURL, "broker-url", "", "the broker server (default: $OUTBOXKIT_TEST_AMQP_URL, …_NATS_URL, …_REDIS_URL, else the local one); "+
+		"kafka: a broker (kfake) of the soak's own is started")
+	flag.DurationVar(&o.duration, "duration", 2*time.Minute, "how long orders are offered and faults injected")
+	flag.DurationVar(&o.drain, "drain", 3*time.Minute, "how long the system may take to settle once the faults stop")
+	flag.Float64Var(&o.rate, "rate", 20, "orders offered per second")
+	flag.IntVar(&o.relays, "relays", 2, "forwarder processes")
+	flag.DurationVar(&o.faultEvery, "fault-every", 2*time.Second, "mean time between injected faults")
+	flag.IntVar(&o.retryPercent, "retry-percent", 10, "share of POSTs sent again with the same Idempotency-Key (half at once, half after the answer)")
+	flag.IntVar(&o.cancelPercent, "cancel-percent", 10, "share of orders cancelled once placed (their OrderCancelled must follow their OrderPlaced)")
+	flag.IntVar(&o.poisonPercent, "poison-percent", 2, "share of orders whose event no consumer can decode (each consumer must dead-letter it)")
+	flag.IntVar(&o.crashAfterPublish, "crash-after-publish", 25, "every Nth relay pass dies after publishing, before marking (0: never)")
+	flag.IntVar(&o.crashAfterCharge, "crash-after-charge", 40, "Billing's process exits after every Nth charge, before its invoice commits (0: never)")
+	flag.BoolVar(&o.brokerRestart, "broker-restart", false, "amqp: also stop and start the RabbitMQ application (every client of the shared broker sees it)")
+	flag.BoolVar(&o.noInbox, "no-inbox", false, "negative control: run the consumers without their inbox; the checker must fail")
+	flag.BoolVar(&o.keep, "keep", false, "keep the schema, vhost, streams and logs for inspection")
+	flag.StringVar(&o.demoBin, "demo", "", "a built cmd/demo binary (default: built from --repo)")
+	flag.StringVar(&o.repo, "repo", ".", "the outboxkit repository (to build cmd/demo and tools/kfake)")
+	flag.StringVar(&o.work, "work", "", "directory for the processes' logs and SQLite files (default: a new temporary one)")
+	flag.Uint64Var(&o.seed, "seed", 0, "random seed for the faults and the load (0: from the clock); printed, to replay a run")
+	flag.BoolVar(&o.quiet, "quiet", false, "print the result only, not each fault")
+	flag.Parse()
+	if err := o.validate(); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	ok, err := run(ctx, o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		os.Exit(2)
+	}
+	if !ok {
+		os.Exit(1)
+	}
+}
+
+func (o *options) validate() error {
+	var errs []string
+	switch o.store {
+	case "postgres", "mysql", "sqlite":
+	default:
+		errs = append(errs, fmt.Sprintf("--store %q: use postgres, mysql or sqlite", o.store))
+	}
+	switch o.broker {
+	case "amqp", "kafka", "nats", "redis":
+	default:
+		errs = append(errs, fmt.Sprintf("--broker %q: use amqp, kafka, nats or redis", o.broker))
+	}
+	if o.duration <= 0 || o.drain <= 0 || o.rate <= 0 || o.faultEvery <= 0 {
+		errs = append(errs, "--duration, --drain, --rate and --fault-every must be positive")
+	}
+	if o.relays < 1 {
+		errs = append(errs, "--relays must be at least 1")
+	}
+	for _, p := range []int{o.retryPercent, o.cancelPercent, o.poisonPercent} {
+		if p < 0 || p > 100 {
+			errs = append(errs, "the --*-percent flags take 0..100")
+			break
+		}
+	}
+	if o.crashAfterPublish < 0 || o.crashAfterCharge < 0 {
+		errs = append(errs, "--crash-after-publish and --crash-after-charge take N ≥ 0")
+	}
+	if o.brokerRestart && o.broker != "amqp" {
+		errs = append(errs, "--broker-restart restarts RabbitMQ: it goes with --broker amqp")
+	}
+	if o.dbURL == "" {
+		switch o.store {
+		case "postgres":
+			o.dbURL = envOr("OUTBOXKIT_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+		case "mysql":
+			o.dbURL = envOr("OUTBOXKIT_TEST_MYSQL_URL", "mysql://root@127.0.0.1:3306/test")
+		}
+	}
+	if o.brokerURL == "" {
+		switch o.broker {
+		case "amqp":
+			o.brokerURL = envOr("OUTBOXKIT_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/")
+		case "nats":
+			o.brokerURL = envOr("OUTBOXKIT_TEST_NATS_URL", "nats://127.0.0.1:4222")
+		case "redis":
+			o.brokerURL = envOr("OUTBOXKIT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+		}
+	}
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}

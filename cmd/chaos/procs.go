@@ -1,0 +1,183 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// proc is one of the soak's processes, restarted whenever it exits until stopped: by a SIGKILL
+// of the soak's, or of its own accord (Billing's --crash-after-charge exits with status 3).
+type proc struct {
+	name string
+	bin  string
+	args []string
+	log  *os.File
+
+	mu      sync.Mutex
+	cmd     *exec.Cmd
+	exited  chan struct{}
+	stopped bool
+	killing bool
+
+	starts      atomic.Int64
+	selfExits   atomic.Int64 // exits the soak did not cause
+	faultLines  atomic.Int64 // lines announcing an in-process fault (demo: fault: …, crashing after …)
+	lastFailure atomic.Value // string: the last line of a process that exited on its own
+	wg          sync.WaitGroup
+}
+
+func newProc(dir, name, bin string, args ...string) (*proc, error) {
+	log, err := os.Create(filepath.Join(dir, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	return &proc{name: name, bin: bin, args: args, log: log}, nil
+}
+
+// start runs the process and keeps it running: whenever it exits, it is started again after
+// restartAfter(), until stop.
+func (p *proc) start(restartAfter func() time.Duration) error {
+	if err := p.spawn(); err != nil {
+		return err
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			p.mu.Lock()
+			exited := p.exited
+			p.mu.Unlock()
+			<-exited
+			p.mu.Lock()
+			if p.stopped {
+				p.mu.Unlock()
+				return
+			}
+			if !p.killing {
+				p.selfExits.Add(1)
+			}
+			p.killing = false
+			p.mu.Unlock()
+			time.Sleep(restartAfter())
+			for {
+				p.mu.Lock()
+				stopped := p.stopped
+				p.mu.Unlock()
+				if stopped {
+					return
+				}
+				if err := p.spawn(); err == nil {
+					break
+				} else {
+					fmt.Fprintf(p.log, "chaos: restart %s: %v\n", p.name, err)
+					time.Sleep(time.Second)
+				}
+			}
+		}
+	}()
+	return nil
+}
+
+func (p *proc) spawn() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.stopped {
+		return nil
+	}
+	cmd := exec.Command(p.bin, p.args...)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	cmd.Stderr = cmd.Stdout
+	fmt.Fprintf(p.log, "chaos: start %s %s\n", p.name, strings.Join(p.args, " "))
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	p.starts.Add(1)
+	exited := make(chan struct{})
+	p.cmd, p.exited = cmd, exited
+	go func() {
+		p.scan(out)
+		err := cmd.Wait()
+		fmt.Fprintf(p.log, "chaos: %s exited: %v\n", p.name, err)
+		close(exited)
+	}()
+	return nil
+}
+
+// scan copies the process's output to its log and counts the faults it announces.
+func (p *proc) scan(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		fmt.Fprintln(p.log, line)
+		if strings.Contains(line, "demo: fault:") || strings.Contains(line, "crashing after charging") {
+			p.faultLines.Add(1)
+		}
+		if strings.HasPrefix(line, "demo: ") && !strings.Contains(line, "fault") {
+			p.lastFailure.Store(line)
+		}
+	}
+}
+
+// kill sends SIGKILL and waits for the process to be gone; the supervisor restarts it.
+func (p *proc) kill() {
+	p.mu.Lock()
+	cmd, exited := p.cmd, p.exited
+	if p.stopped || cmd == nil || cmd.Process == nil {
+		p.mu.Unlock()
+		return
+	}
+	select {
+	case <-exited: // exited already, restart pending
+		p.mu.Unlock()
+		return
+	default:
+	}
+	p.killing = true
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	p.mu.Unlock()
+	<-exited
+}
+
+// running reports whether the process is up at this moment.
+func (p *proc) running() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return p.cmd != nil
+	}
+}
+
+// stop ends the process for good: SIGTERM, then SIGKILL after grace.
+func (p *proc) stop(grace time.Duration) {
+	p.mu.Lock()
+	p.stopped = true
+	cmd, exited := p.cmd, p.exited
+	p.mu.Unlock()
+	if cmd != nil && cmd.Process != nil {
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-exited:
+		case <-time.After(grace):
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+			<-exited
+		}
+	}
+	p.wg.Wait()
+	_ = p.log.Close()
+}

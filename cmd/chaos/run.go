@@ -1,0 +1,309 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// lockedRand is a seeded source the load's goroutines share.
+type lockedRand struct {
+	mu sync.Mutex
+	r  *rand.Rand
+}
+
+func (l *lockedRand) Float64() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.r.Float64()
+}
+
+func run(ctx context.Context, o options) (ok bool, err error) {
+	seed := o.seed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	logf := func(format string, args ...any) {
+		if !o.quiet {
+			fmt.Printf("[%s] %s\n", time.Now().Format("15:04:05.0"), fmt.Sprintf(format, args...))
+		}
+	}
+	e, err := setUp(ctx, o)
+	if err != nil {
+		return false, err
+	}
+	defer e.tearDown()
+	fmt.Printf("chaos: store %s, broker %s, %s of orders at %g/s, faults every %s on average, seed %d, run %s, logs in %s\n",
+		o.store, o.broker, o.duration, o.rate, o.faultEvery, seed, e.run, e.dir)
+
+	port, err := freePort()
+	if err != nil {
+		return false, err
+	}
+	base := "http://127.0.0.1:" + strconv.Itoa(port)
+	common := func(role string) []string {
+		return []string{"--db", e.dbURL(role), "--broker", e.brokerURL, "--schema", e.run,
+			"--status-every", "0", "--serve", "--orders", "0"}
+	}
+	var procs []*proc
+	newP := func(name string, args ...string) *proc {
+		p, perr := newProc(e.dir, name, e.demo, args...)
+		if perr != nil && err == nil {
+			err = perr
+		}
+		procs = append(procs, p)
+		return p
+	}
+	orders := newP("orders", append(common("orders"), "--role", "orders", "--addr", "127.0.0.1:"+strconv.Itoa(port),
+		"--poison-customer", poisonCustomer)...)
+	var relays, consumerProcs []*proc
+	for i := 1; i <= o.relays; i++ {
+		args := append(common(fmt.Sprintf("relay%d", i)), "--role", "relay", "--relay-name", fmt.Sprintf("relay-%d", i), "--addr", "127.0.0.1:0")
+		if o.crashAfterPublish > 0 {
+			args = append(args, "--crash-after-publish", strconv.Itoa(o.crashAfterPublish))
+		}
+		relays = append(relays, newP(fmt.Sprintf("relay-%d", i), args...))
+	}
+	for _, c := range consumers {
+		args := append(common(c), "--role", "consumers", "--consumers", c, "--addr", "127.0.0.1:0",
+			"--gateway", base+"/gateway/charges")
+		if c == "billing" && o.crashAfterCharge > 0 {
+			args = append(args, "--crash-after-charge-every", strconv.Itoa(o.crashAfterCharge))
+		}
+		if o.noInbox {
+			args = append(args, "--no-inbox")
+		}
+		consumerProcs = append(consumerProcs, newP(c, args...))
+	}
+	if err != nil {
+		return false, err
+	}
+	restartDelay := func() time.Duration { return 200*time.Millisecond + rand.N(1800*time.Millisecond) }
+	defer func() {
+		for _, p := range procs {
+			p.stop(10 * time.Second)
+		}
+	}()
+
+	// The order service first: it migrates and creates the tables the others use.
+	if err := orders.start(restartDelay); err != nil {
+		return false, err
+	}
+	if err := waitHealthy(ctx, base, 90*time.Second); err != nil {
+		return false, fmt.Errorf("the order service: %w (see %s)", err, orders.log.Name())
+	}
+	for _, p := range append(relays, consumerProcs...) {
+		if err := p.start(restartDelay); err != nil {
+			return false, err
+		}
+	}
+
+	admin, err := e.adminDB(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer admin.Close()
+	biz := newTables(admin, e.run)
+	gatewayDB := admin
+	if o.store == "sqlite" { // a file of its own
+		if gatewayDB, err = e.checkerDB(ctx, e.run+"_gateway"); err != nil {
+			return false, err
+		}
+		defer gatewayDB.Close()
+	}
+	gateway := newTables(gatewayDB, e.run+"_gateway")
+
+	// Load and faults, together, for o.duration.
+	l := newLedger()
+	loadEnd := time.Now().Add(o.duration)
+	cl := &client{base: base, http: &http.Client{Timeout: 15 * time.Second}, l: l, o: o,
+		rnd: (&lockedRand{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}).Float64, giveUp: loadEnd.Add(o.drain / 2)}
+	in := &injector{e: e, rnd: rand.New(rand.NewPCG(seed, 1)), relays: relays, consumer: consumerProcs, orders: orders,
+		admin: admin.SQL, log: logf, counts: map[string]int{}}
+	loadCtx, stopLoad := context.WithDeadline(ctx, loadEnd)
+	defer stopLoad()
+	var faultsDone sync.WaitGroup
+	faultsDone.Add(1)
+	go func() { defer faultsDone.Done(); in.run(loadCtx) }()
+	progress := startProgress(loadCtx, logf, l, biz)
+	cl.offer(loadCtx)
+	faultsDone.Wait()
+	progress()
+	if ctx.Err() != nil {
+		return false, ctx.Err()
+	}
+
+	// The drain: faults stop, every process is up again (the supervisors restart them), the
+	// clients settle what is still unanswered, and every consumer handles every event.
+	logf("load over: %d orders answered; draining (at most %s)", len(l.placed), o.drain)
+	drainStart := time.Now()
+	cl.wg.Wait()
+	expected := func() int {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		ids := map[string]bool{}
+		for _, v := range l.placed {
+			ids[v[0]] = true
+		}
+		return len(ids) + len(l.cancelled)
+	}()
+	drained := false
+	for time.Since(drainStart) < o.drain && ctx.Err() == nil {
+		n, pending, herr := handled(ctx, biz)
+		if herr == nil && pending == 0 && n["shipping"] >= expected && n["billing"] >= expected && n["search"] >= expected {
+			drained = true
+			break
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	logf("drain %s after %s", map[bool]string{true: "complete", false: "INCOMPLETE"}[drained], time.Since(drainStart).Round(100*time.Millisecond))
+	for _, p := range procs {
+		p.stop(10 * time.Second)
+	}
+
+	v, err := check(context.WithoutCancel(ctx), biz, gateway, l)
+	if err != nil {
+		return false, fmt.Errorf("the checker: %w", err)
+	}
+	report(o, in, procs, relays, consumerProcs, l, v, drained)
+	return v.violations() == 0 && drained && len(in.errors) == 0, nil
+}
+
+func freePort() (int, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port, nil
+}
+
+func waitHealthy(ctx context.Context, base string, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		resp, err := http.Get(base + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("not healthy within %s: %v", within, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// startProgress prints a line every 10 s while the load runs.
+func startProgress(ctx context.Context, logf func(string, ...any), l *ledger, biz tables) (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			l.mu.Lock()
+			placed := len(l.placed)
+			l.mu.Unlock()
+			n, pending, err := handled(ctx, biz)
+			if err != nil {
+				logf("progress: %d orders answered; the database did not answer: %v", placed, err)
+				continue
+			}
+			logf("progress: %d orders answered, %d POSTs retried; outbox pending %d; handled shipping %d billing %d search %d",
+				placed, l.retries.Load(), pending, n["shipping"], n["billing"], n["search"])
+		}
+	}()
+	return func() { <-done }
+}
+
+func report(o options, in *injector, procs, relays, consumerProcs []*proc, l *ledger, v *verdict, drained bool) {
+	held := "yes"
+	if v.violations() > 0 || !drained {
+		held = "NO"
+	}
+	sum := func(ps []*proc) (n int64) {
+		for _, p := range ps {
+			n += p.faultLines.Load()
+		}
+		return n
+	}
+	var billing *proc
+	for _, p := range consumerProcs {
+		if p.name == "billing" {
+			billing = p
+		}
+	}
+	rows := [][2]string{}
+	for _, k := range []string{faultKillRelay, faultKillConsumer, faultKillOrders, faultBrokerConns, faultBrokerRestart, faultDBSessions} {
+		n, ok := in.counts[k]
+		switch {
+		case ok:
+			rows = append(rows, [2]string{k, strconv.Itoa(n)})
+		case k == faultDBSessions && o.store == "sqlite":
+			rows = append(rows, [2]string{k, "n/a (SQLite)"})
+		case k == faultBrokerRestart && !o.brokerRestart:
+			rows = append(rows, [2]string{k, "off (--broker-restart)"})
+		default:
+			rows = append(rows, [2]string{k, "0"})
+		}
+	}
+	rows = append(rows,
+		[2]string{faultPublishNoMark, strconv.FormatInt(sum(relays), 10)},
+		[2]string{faultChargeNoCommit, strconv.FormatInt(billing.faultLines.Load(), 10)},
+		[2]string{faultPoison, strconv.Itoa(v.poisoned)},
+		[2]string{faultRepeat, strconv.FormatInt(l.repeats.Load(), 10)},
+		[2]string{faultRetry, strconv.FormatInt(l.retries.Load(), 10)},
+	)
+	fmt.Printf("\nfailure matrix — %s + %s, %s at %g orders/s\n", o.store, o.broker, o.duration, o.rate)
+	fmt.Printf("%-50s %-24s %s\n", "fault", "times injected", "invariants held")
+	for _, r := range rows {
+		fmt.Printf("%-50s %-24s %s\n", r[0], r[1], held)
+	}
+	fmt.Printf("\n%-100s %8s %10s\n", "invariant", "checked", "violations")
+	for _, iv := range v.invariants {
+		fmt.Printf("%-100s %8d %10d\n", iv.name, iv.checked, iv.violations)
+		for _, ex := range iv.examples {
+			fmt.Printf("    e.g. %s\n", ex)
+		}
+	}
+	var restarts []string
+	for _, p := range procs {
+		restarts = append(restarts, fmt.Sprintf("%s %d", p.name, p.starts.Load()-1))
+	}
+	fmt.Printf("\norders %d (poisoned %d, cancelled %d); POSTs sent %d, repeated %d, retried %d, answered from the record %d\n",
+		v.orders, v.poisoned, v.cancelled, l.posts.Load(), l.repeats.Load(), l.retries.Load(), l.replayed.Load())
+	fmt.Printf("effects missed %d, doubled %d; restarts: %s\n", v.misses, v.doubles, strings.Join(restarts, ", "))
+	fmt.Printf("commit→effect (OrderPlaced, every consumer): p50 %s, p99 %s, slowest %s\n",
+		percentile(v.latency, 0.5).Round(time.Millisecond), percentile(v.latency, 0.99).Round(time.Millisecond),
+		percentile(v.latency, 1).Round(time.Millisecond))
+	for _, e := range in.errors {
+		fmt.Printf("a fault could not be injected: %s\n", e)
+	}
+	switch {
+	case !drained:
+		fmt.Printf("RESULT: FAILED — the system did not settle within --drain %s, and %d violations\n", o.drain, v.violations())
+	case v.violations() > 0:
+		fmt.Printf("RESULT: FAILED — %d violations\n", v.violations())
+	case len(in.errors) > 0:
+		fmt.Printf("RESULT: FAILED — %d faults could not be injected\n", len(in.errors))
+	default:
+		fmt.Println("RESULT: every invariant held")
+	}
+}
