@@ -363,11 +363,11 @@ func (c *BatchConsumer) inTransaction(run []*message.Message) (err error) {
 // into the outbox there.
 func (c *BatchConsumer) apply(m *message.Message, d *delivery, tx store.InboxTx) (err error) {
 	ctx := m.Context()
-	d.inbox, d.batched = tx, true
+	d.inbox = tx
 	m.SetContext(withPublishTopic(outboxkit.WithTx(ctx, tx.User()), c.cfg.PublishTopic))
 	defer func() {
 		m.SetContext(ctx)
-		d.inbox, d.batched = nil, false
+		d.inbox = nil
 		if r := recover(); r != nil {
 			err = handlers.Permanent(fmt.Errorf("handler panicked on message %s: %v", m.UUID, r))
 		}

@@ -19,6 +19,7 @@ type delivery struct {
 	counted      bool // DeliveryCount has counted this delivery (in-process retries do not count again)
 	duplicate    bool
 	deadLettered bool
+	parked       bool // the order guard parked it: it waits for an earlier event of its key
 
 	// locked is the session DeliveryCount holds for the whole delivery, with the message's lock:
 	// the middlewares inside do their database work on it, so a delivery needs one connection
@@ -26,9 +27,6 @@ type delivery struct {
 	locked store.LockedSession
 	// inbox is the inbox's transaction while the handler runs, for the order guard.
 	inbox store.InboxTx
-	// batched is set while the delivery runs in a batch's transaction: whatever cannot be done
-	// there (an order guard's park) fails at once, and the batch falls back to one at a time.
-	batched bool
 	// consumer and message are what the inbox applies the delivery as, for OutboundKey.
 	consumer, message string
 }

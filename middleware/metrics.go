@@ -52,9 +52,9 @@ func NewMetrics(cfg MetricsConfig) (message.HandlerMiddleware, error) {
 // consumerMetrics are one consumer's series, shared by the Metrics middleware and the batch
 // consumer.
 type consumerMetrics struct {
-	now                                func() time.Time
-	processed, duplicate, dead, failed prometheus.Counter
-	duration, latency                  prometheus.Observer
+	now                                        func() time.Time
+	processed, duplicate, dead, failed, parked prometheus.Counter
+	duration, latency                          prometheus.Observer
 }
 
 func newConsumerMetrics(cfg MetricsConfig) (*consumerMetrics, error) {
@@ -69,7 +69,7 @@ func newConsumerMetrics(cfg MetricsConfig) (*consumerMetrics, error) {
 	}
 	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: "outboxkit", Subsystem: "consumer", Name: "messages_total",
-		Help: "Deliveries by outcome: processed, duplicate, dead_lettered, failed (redelivered later).",
+		Help: "Deliveries by outcome: processed, duplicate, dead_lettered, failed (redelivered later), parked (ahead of its key's turn, applied with its predecessor).",
 	}, []string{"consumer", "outcome"})
 	duration := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Namespace: "outboxkit", Subsystem: "consumer", Name: "handler_seconds",
@@ -105,6 +105,7 @@ func newConsumerMetrics(cfg MetricsConfig) (*consumerMetrics, error) {
 	return &consumerMetrics{
 		now:       cfg.Now,
 		processed: outcome("processed"), duplicate: outcome("duplicate"), dead: outcome("dead_lettered"), failed: outcome("failed"),
+		parked:   outcome("parked"),
 		duration: duration.WithLabelValues(cfg.Consumer), latency: latency.WithLabelValues(cfg.Consumer),
 	}, nil
 }
@@ -117,6 +118,8 @@ func (m *consumerMetrics) record(msg *message.Message, d *delivery, err error, t
 		m.dead.Inc()
 	case d.duplicate:
 		m.duplicate.Inc()
+	case d.parked && err == nil:
+		m.parked.Inc()
 	case err != nil:
 		m.failed.Inc()
 	default:

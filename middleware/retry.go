@@ -34,12 +34,8 @@ type RetryConfig struct {
 	Logger watermill.LoggerAdapter
 }
 
-// retryable reports whether retrying in-process can help: not for permanent errors, nor for a
-// message parked until an earlier one has been processed.
-func retryable(err error) bool {
-	var p *parked
-	return !handlers.IsPermanent(err) && !errors.As(err, &p)
-}
+// retryable reports whether retrying in-process can help: not for permanent errors.
+func retryable(err error) bool { return !handlers.IsPermanent(err) }
 
 func (c RetryConfig) withDefaults() RetryConfig {
 	if c.MaxRetries == 0 {

