@@ -29,7 +29,7 @@ var (
 	buildErr  error
 )
 
-// binaries builds cmd/demo and cmd/outboxctl once per test run.
+// binaries builds cmd/demo, cmd/outboxctl and cmd/chaos once per test run.
 func binaries(t *testing.T) (demo, ctl string) {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -37,7 +37,7 @@ func binaries(t *testing.T) (demo, ctl string) {
 		if buildErr != nil {
 			return
 		}
-		for _, cmd := range []string{"demo", "outboxctl"} {
+		for _, cmd := range []string{"demo", "outboxctl", "chaos"} {
 			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, cmd), "github.com/outboxkit/outboxkit/cmd/"+cmd).CombinedOutput()
 			if err != nil {
 				buildErr = fmt.Errorf("build %s: %v\n%s", cmd, err, out)
