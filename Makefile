@@ -13,7 +13,7 @@ SERVICE_ENV = OUTBOXKIT_TEST_POSTGRES_URL='$(PG_URL)' OUTBOXKIT_TEST_AMQP_URL='$
 	OUTBOXKIT_TEST_NATS_URL='$(NATS_URL)' OUTBOXKIT_TEST_REDIS_URL='$(REDIS_URL)' \
 	OUTBOXKIT_TEST_KAFKA_URL='$(KAFKA_URL)' OUTBOXKIT_TEST_MYSQL_URL='$(MYSQL_URL)' OUTBOXKIT_REQUIRE_SERVICES=1
 
-.PHONY: all test test-unit demo bench lint alerts services tools tidy
+.PHONY: all test test-unit demo bench chaos chaos-all lint alerts services tools tidy
 
 all: lint test
 
@@ -37,6 +37,20 @@ demo:
 ## bench: write path, drain, end to end, consumer, scale and claim cost, beside stock Watermill.
 bench: services
 	$(GO) run ./cmd/bench $(BENCH_ARGS)
+
+## chaos: the soak — the demo's parts as processes under load, every fault at once, then the
+## invariant checker (exit 1 on a violation). CHAOS_ARGS="--store mysql --broker kafka --duration 10m".
+chaos: services
+	$(GO) run ./cmd/chaos $(CHAOS_ARGS)
+
+## chaos-all: the soak on every store (Postgres, MySQL, SQLite) and every broker (RabbitMQ, Kafka,
+## NATS, Redis), in turn; CHAOS_ARGS apply to each run (e.g. --duration 10m).
+CHAOS_RUNS = postgres:amqp postgres:kafka postgres:nats postgres:redis mysql:amqp mysql:redis sqlite:amqp sqlite:nats
+chaos-all: services
+	@failed=""; for run in $(CHAOS_RUNS); do \
+		echo "== chaos --store $${run%%:*} --broker $${run##*:}"; \
+		$(GO) run ./cmd/chaos --store $${run%%:*} --broker $${run##*:} $(CHAOS_ARGS) || failed="$$failed $$run"; \
+	done; if [ -n "$$failed" ]; then echo "chaos failed:$$failed"; exit 1; fi
 
 ## lint: formatting, vet and staticcheck.
 lint:
