@@ -10,13 +10,10 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	amqp "github.com/rabbitmq/amqp091-go"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/internal/topics"
 	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
@@ -91,7 +88,7 @@ func drainBackend(ctx context.Context, c config, pool *pgxpool.Pool, url string,
 		return 0, err
 	}
 	defer b.Close()
-	defer cleanupTopic(url, scheme, topic)
+	defer topics.Remove(url, scheme, topic, topic+"_bench")
 	if scheme == "amqp" {
 		// Mandatory publishing needs a queue bound to the topic, as a consumer group would have.
 		sub, err := b.NewSubscriber("bench")
@@ -134,38 +131,4 @@ func drainBackend(ctx context.Context, c config, pool *pgxpool.Pool, url string,
 		time.Sleep(5 * time.Millisecond)
 	}
 	return rate(c.events, time.Since(start)), nil
-}
-
-// cleanupTopic removes what a drain left on the broker.
-func cleanupTopic(url, scheme, topic string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	switch scheme {
-	case "amqp":
-		if conn, err := amqp.Dial(url); err == nil {
-			if ch, err := conn.Channel(); err == nil {
-				_, _ = ch.QueueDelete(topic+"_bench", false, false, false)
-				_ = ch.ExchangeDelete(topic, false, false)
-			}
-			_ = conn.Close()
-		}
-	case "nats":
-		if nc, err := nats.Connect(url); err == nil {
-			if js, err := jetstream.New(nc); err == nil {
-				_ = js.DeleteStream(ctx, strings.ReplaceAll(topic, ".", "_"))
-			}
-			nc.Close()
-		}
-	case "redis":
-		if opt, err := redis.ParseURL(url); err == nil {
-			rc := redis.NewClient(opt)
-			_ = rc.Del(ctx, topic).Err()
-			_ = rc.Close()
-		}
-	case "postgres":
-		if pool, err := pgxpool.New(ctx, url); err == nil {
-			_, _ = pool.Exec(ctx, fmt.Sprintf(`DROP TABLE IF EXISTS "watermill_%s", "watermill_offsets_%s"`, topic, topic))
-			pool.Close()
-		}
-	}
 }

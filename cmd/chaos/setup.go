@@ -15,11 +15,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/redis/go-redis/v9"
-
 	"github.com/outboxkit/outboxkit/internal/tcpproxy"
+	"github.com/outboxkit/outboxkit/internal/topics"
 	"github.com/outboxkit/outboxkit/stores"
 )
 
@@ -222,7 +219,7 @@ func (e *env) setUpBroker(ctx context.Context) error {
 		}
 		e.cleanups = append(e.cleanups, e.proxy.Close)
 		if !e.o.keep {
-			e.cleanups = append(e.cleanups, func() { removeStream(e.o.broker, e.o.brokerURL, topic) })
+			e.cleanups = append(e.cleanups, func() { topics.Remove(e.o.brokerURL, e.o.broker, topic) })
 		}
 		u.Host = e.proxy.Addr()
 		e.brokerURL = u.String()
@@ -285,27 +282,6 @@ func rabbitmqctl(ctx context.Context, args ...string) error {
 			strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
 	return nil
-}
-
-// removeStream deletes what the soak's topic left on a shared NATS or Redis server.
-func removeStream(kind, rawURL, topic string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	switch kind {
-	case "nats":
-		if nc, err := nats.Connect(rawURL); err == nil {
-			if js, err := jetstream.New(nc); err == nil {
-				_ = js.DeleteStream(ctx, strings.ReplaceAll(topic, ".", "_"))
-			}
-			nc.Close()
-		}
-	case "redis":
-		if opt, err := redis.ParseURL(rawURL); err == nil {
-			rc := redis.NewClient(opt)
-			_ = rc.Del(ctx, topic).Err()
-			_ = rc.Close()
-		}
-	}
 }
 
 // terminateSessions ends every database session of the soak's processes, and only theirs. It
