@@ -339,6 +339,9 @@ type ConsumerStats struct {
 	Processed   int64  `json:"processed"`    // messages processed, within the inbox retention
 	Duplicates  int64  `json:"duplicates"`   // deliveries absorbed by the inbox after the first
 	DeadLetters int64  `json:"dead_letters"` // quarantined messages waiting for a replay
+	// Parked counts messages the order guard keeps until an earlier version of their key is
+	// applied (inbox_parked); they are counted in Processed too.
+	Parked int64 `json:"parked"`
 }
 
 // WaitingLetters is what waits in one consumer's dead letters.

@@ -170,13 +170,13 @@ func (e *env) status(ctx context.Context, args []string) error {
 		s.Pending, s.OldestPendingAge.Round(time.Millisecond), s.DeadLettered, s.OldestDeadLettered.Round(time.Second))
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	if st.Brokers == nil {
-		fmt.Fprintln(tw, "CONSUMER\tPROCESSED\tDUPLICATES\tDEAD LETTERS")
+		fmt.Fprintln(tw, "CONSUMER\tPROCESSED\tDUPLICATES\tDEAD LETTERS\tPARKED")
 		for _, c := range consumers {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", c.Consumer, c.Processed, c.Duplicates, c.DeadLetters)
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", c.Consumer, c.Processed, c.Duplicates, c.DeadLetters, c.Parked)
 		}
 		return tw.Flush()
 	}
-	fmt.Fprintf(tw, "CONSUMER\tPROCESSED\tDUPLICATES\tDEAD LETTERS\tWAITING IN %s\tUNACKED\tOLDEST\n", *topic)
+	fmt.Fprintf(tw, "CONSUMER\tPROCESSED\tDUPLICATES\tDEAD LETTERS\tPARKED\tWAITING IN %s\tUNACKED\tOLDEST\n", *topic)
 	for i, c := range consumers {
 		l := st.Brokers[i]
 		waiting, unacked, oldest := fmt.Sprint(l.Waiting), "-", "-"
@@ -189,7 +189,7 @@ func (e *env) status(ctx context.Context, args []string) error {
 		if l.OldestAgeSeconds != nil {
 			oldest = (time.Duration(*l.OldestAgeSeconds * float64(time.Second))).Round(time.Millisecond).String()
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%s\t%s\t%s\n", c.Consumer, c.Processed, c.Duplicates, c.DeadLetters, waiting, unacked, oldest)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", c.Consumer, c.Processed, c.Duplicates, c.DeadLetters, c.Parked, waiting, unacked, oldest)
 	}
 	return tw.Flush()
 }

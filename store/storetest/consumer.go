@@ -936,6 +936,14 @@ func orderGuard[TTx any](t *testing.T, h Harness[TTx]) {
 	if applied(v[2]) || parked() != 1 {
 		t.Fatalf("v2 before v1: applied %v, %d parked; want it parked, not applied", applied(v[2]), parked())
 	}
+	// The consumer's stats say it waits.
+	stats, err := middleware.Stats(context.Background(), e.Store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stats) != 1 || stats[0].Consumer != "search" || stats[0].Parked != 1 {
+		t.Fatalf("stats = %+v, want search with 1 parked", stats)
+	}
 	// Its redelivery is a duplicate.
 	if _, err := stack(delivery(v[2])); err != nil || parked() != 1 {
 		t.Fatalf("v2 again: %v, %d parked", err, parked())

@@ -245,7 +245,7 @@ func (s *Store) ConsumerStats(ctx context.Context, _ time.Time) ([]store.Consume
 	var out []store.ConsumerStats
 	for rows.Next() {
 		var c store.ConsumerStats
-		if err := rows.Scan(&c.Consumer, &c.Processed, &c.Duplicates, &c.DeadLetters); err != nil {
+		if err := rows.Scan(&c.Consumer, &c.Processed, &c.Duplicates, &c.DeadLetters, &c.Parked); err != nil {
 			return nil, fmt.Errorf("consumer stats: %w", s.d.Classify(err))
 		}
 		out = append(out, c)

@@ -1,10 +1,14 @@
--- Per consumer: messages processed, duplicates absorbed, dead letters waiting for a replay.
-SELECT consumer, CAST(SUM(processed) AS SIGNED), CAST(SUM(duplicates) AS SIGNED), CAST(SUM(dead) AS SIGNED)
+-- Per consumer: messages processed (parked ones included), duplicates absorbed, dead letters
+-- waiting for a replay, messages parked by the order guard.
+SELECT consumer, CAST(SUM(processed) AS SIGNED), CAST(SUM(duplicates) AS SIGNED), CAST(SUM(dead) AS SIGNED),
+       CAST(SUM(parked) AS SIGNED)
 FROM (
-    SELECT consumer, COUNT(*) AS processed, SUM(duplicates) AS duplicates, 0 AS dead
+    SELECT consumer, COUNT(*) AS processed, SUM(duplicates) AS duplicates, 0 AS dead, 0 AS parked
     FROM {{schema}}.inbox GROUP BY consumer
     UNION ALL
-    SELECT consumer, 0, 0, COUNT(*) FROM {{schema}}.dead_letters WHERE replayed_at IS NULL GROUP BY consumer
+    SELECT consumer, 0, 0, COUNT(*), 0 FROM {{schema}}.dead_letters WHERE replayed_at IS NULL GROUP BY consumer
+    UNION ALL
+    SELECT consumer, 0, 0, 0, COUNT(*) FROM {{schema}}.inbox_parked GROUP BY consumer
 ) AS per_consumer
 GROUP BY consumer
 ORDER BY consumer
