@@ -151,17 +151,6 @@ func (p *proc) kill() {
 	<-exited
 }
 
-// running reports whether the process is up at this moment.
-func (p *proc) running() bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return p.cmd != nil
-	}
-}
 
 // stop ends the process for good: SIGTERM, then SIGKILL after grace.
 func (p *proc) stop(grace time.Duration) {
