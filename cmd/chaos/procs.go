@@ -151,7 +151,6 @@ func (p *proc) kill() {
 	<-exited
 }
 
-
 // stop ends the process for good: SIGTERM, then SIGKILL after grace.
 func (p *proc) stop(grace time.Duration) {
 	p.mu.Lock()
