@@ -2,7 +2,6 @@ package integration
 
 import (
 	"bytes"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
@@ -16,16 +15,7 @@ import (
 // its own, and removes them) and returns its output and exit code.
 func runChaos(t *testing.T, args ...string) (string, int) {
 	t.Helper()
-	if testing.Short() {
-		t.Skip("the chaos soak takes minutes")
-	}
-	if _, err := exec.LookPath("rabbitmqctl"); err != nil {
-		// The soak gives itself a vhost and closes its connections with rabbitmqctl.
-		if os.Getenv("CI") == "true" {
-			t.Fatal("rabbitmqctl is not on PATH: the chaos soak needs it on the machine running RabbitMQ")
-		}
-		t.Skip("rabbitmqctl is not on PATH: the chaos soak needs it on the machine running RabbitMQ")
-	}
+	testenv.Rabbitmqctl(t) // it gives itself a vhost and closes its connections with it
 	pgURL, amqpURL := testenv.PostgresURL(t), testenv.AMQPURL(t)
 	demo, _ := binaries(t)
 	chaos := filepath.Join(filepath.Dir(demo), "chaos")

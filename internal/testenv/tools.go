@@ -48,3 +48,14 @@ func missing(t testing.TB, msg string) {
 	}
 	t.Skip(msg)
 }
+
+// Rabbitmqctl returns the path of rabbitmqctl, which the chaos soak runs on the machine's RabbitMQ
+// (a vhost of its own, its connections closed).
+func Rabbitmqctl(t testing.TB) string {
+	t.Helper()
+	path, err := exec.LookPath("rabbitmqctl")
+	if err != nil {
+		missing(t, "rabbitmqctl is not on PATH: the chaos soak runs it on the machine running RabbitMQ")
+	}
+	return path
+}
