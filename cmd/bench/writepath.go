@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,6 +26,9 @@ type writeMode struct {
 	minimal bool // a second, minimal row: the physical price of one more small INSERT
 	outbox  bool // the event's outbox row
 	notify  bool // and the NOTIFY that wakes the relay (skipped while a relay says it is awake)
+	// withCommit sends the outbox row in the COMMIT's round trip (pgxstore.Transact) instead of
+	// its own (Publish, then Commit).
+	withCommit bool
 	// relayPoll, when set, runs a relay draining the outbox (to a publisher that discards) during
 	// the measurement; with notify, its poll under the wake-ups.
 	relayPoll time.Duration
@@ -34,6 +38,7 @@ const (
 	modeAlone   = "business tx alone"
 	modeMinimal = "+ minimal row"
 	modeOutbox  = "+ outbox row"
+	modeCommit  = "+ outbox row sent with COMMIT"
 	modeNotify  = "+ outbox row + NOTIFY"
 	modeRelay   = "+ outbox row, relay polling every 20ms"
 	modeAwake   = "+ outbox row + NOTIFY, relay running"
@@ -43,6 +48,7 @@ var pgWriteModes = []writeMode{
 	{name: modeAlone},
 	{name: modeMinimal, minimal: true},
 	{name: modeOutbox, outbox: true},
+	{name: modeCommit, outbox: true, withCommit: true},
 	{name: modeNotify, outbox: true, notify: true},
 	{name: modeRelay, outbox: true, relayPoll: 20 * time.Millisecond},
 	{name: modeAwake, outbox: true, notify: true, relayPoll: forwarder.DefaultPollInterval},
@@ -158,19 +164,26 @@ func benchWritePath(ctx context.Context, c config) ([]series, error) {
 		}
 		// The outbox row's price over the minimal row's, each the extra time per transaction over
 		// the business transaction alone in the same round.
-		alone, minimal, outbox := mean[key{0, n}], mean[key{idx(modeMinimal), n}], mean[key{idx(modeOutbox), n}]
-		r := series{Name: fmt.Sprintf("outbox row ÷ minimal row, %d clients", n), Unit: "×"}
-		for i := range alone.Values {
-			if d := minimal.Values[i] - alone.Values[i]; d > 0 {
-				r.add((outbox.Values[i] - alone.Values[i]) / d)
+		alone, minimal := mean[key{0, n}], mean[key{idx(modeMinimal), n}]
+		for _, name := range []string{modeOutbox, modeCommit} {
+			if idx(name) < 0 {
+				continue
 			}
-		}
-		rowCost = append(rowCost, r)
-		// The same from the medians of the three, less exposed to one noisy round's small
-		// denominator.
-		if d := minimal.median() - alone.median(); d > 0 {
-			rowCostOfMedians = append(rowCostOfMedians, series{Name: fmt.Sprintf("outbox row ÷ minimal row, %d clients, of medians", n),
-				Unit: "×", Values: []float64{(outbox.median() - alone.median()) / d}})
+			outbox := mean[key{idx(name), n}]
+			label := strings.TrimPrefix(name, "+ ")
+			r := series{Name: fmt.Sprintf("%s ÷ minimal row, %d clients", label, n), Unit: "×"}
+			for i := range alone.Values {
+				if d := minimal.Values[i] - alone.Values[i]; d > 0 {
+					r.add((outbox.Values[i] - alone.Values[i]) / d)
+				}
+			}
+			rowCost = append(rowCost, r)
+			// The same from the medians of the three, less exposed to one noisy round's small
+			// denominator.
+			if d := minimal.median() - alone.median(); d > 0 {
+				rowCostOfMedians = append(rowCostOfMedians, series{Name: fmt.Sprintf("%s ÷ minimal row, %d clients, of medians", label, n),
+					Unit: "×", Values: []float64{(outbox.median() - alone.median()) / d}})
+			}
 		}
 	}
 	fmt.Print(table("write path latency", lat))
@@ -240,6 +253,16 @@ func pgWriteTarget(ctx context.Context, c config) (*writeTarget, error) {
 			}
 		}
 		return clientsFor(n, d, func(w, i int) error {
+			if m.withCommit {
+				return outbox.Transact(ctx, pgx.TxOptions{}, func(tx pgx.Tx, pub *pipeline.Publisher) error {
+					var id int64
+					if err := tx.QueryRow(ctx, insert, fmt.Sprintf("customer-%d", w), i).Scan(&id); err != nil {
+						return err
+					}
+					body, key := payload(int(id), 200)
+					return pub.Publish("orders", pipeline.NewEvent("OrderPlaced", key, body))
+				})
+			}
 			return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 				var id int64
 				if err := tx.QueryRow(ctx, insert, fmt.Sprintf("customer-%d", w), i).Scan(&id); err != nil {

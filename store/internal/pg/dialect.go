@@ -186,14 +186,14 @@ func (d *Dialect) MarkFailed(ctx context.Context, q dbexec.Querier, rows []store
 	return err
 }
 
-// maxMessagesPerInsert keeps one INSERT under Postgres's 65,535 bind parameters (six per row).
-const maxMessagesPerInsert = 65535 / 6
+// MaxMessagesPerInsert keeps one INSERT under Postgres's 65,535 bind parameters (six per row).
+const MaxMessagesPerInsert = 65535 / 6
 
 // InsertQuery builds the INSERT of msgs, with the pg_notify that wakes relays at commit unless
 // notify is false. It is one statement however many messages.
 func InsertQuery(schema Name, msgs []store.OutboxMessage, notify bool) (string, []any, error) {
-	if len(msgs) > maxMessagesPerInsert {
-		return "", nil, fmt.Errorf("%d messages in one call; split them into calls of at most %d", len(msgs), maxMessagesPerInsert)
+	if len(msgs) > MaxMessagesPerInsert {
+		return "", nil, fmt.Errorf("%d messages in one call; split them into calls of at most %d", len(msgs), MaxMessagesPerInsert)
 	}
 	var q strings.Builder
 	args := make([]any, 0, len(msgs)*6+1)
