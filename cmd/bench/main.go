@@ -36,6 +36,8 @@ type config struct {
 	consumerEvents   int
 	backendURLs      string
 	writeFor, e2eFor time.Duration
+	writeModes       string
+	writeAsync       bool
 	idleFor          time.Duration
 	claimPending     int
 	claimSamples     int
@@ -60,6 +62,10 @@ func main() {
 	flag.IntVar(&c.relays, "relays", 1, "forwarders draining the outbox at once")
 	flag.StringVar(&c.scenario, "scenario", "all", "what to measure: "+strings.Join(scenarioNames, ", ")+" or all")
 	flag.DurationVar(&c.writeFor, "write-for", 5*time.Second, "length of each write-path measurement")
+	flag.BoolVar(&c.writeAsync, "write-async", false, "run the Postgres write path with synchronous_commit off: "+
+		"what a row costs in CPU, round trips and WAL without the commit's flush, whose wait is the same in every mode and the noisiest part of it")
+	flag.StringVar(&c.writeModes, "write-modes", "", "the write-path modes to measure besides the business tx alone and the minimal row, comma-separated: "+
+		"outbox, commit (the row sent with COMMIT), notify, relay, awake; empty: all")
 	flag.DurationVar(&c.e2eFor, "e2e-for", 20*time.Second, "length of each end-to-end run at a fixed rate")
 	flag.DurationVar(&c.idleFor, "idle-for", 30*time.Second, "how long the idle scenario measures a pipeline without traffic")
 	flag.IntVar(&c.claimPending, "claim-pending", 100, "pending rows one timed claim dispatches")

@@ -22,6 +22,7 @@ import (
 
 // writeMode is what one business transaction does.
 type writeMode struct {
+	key     string // its name in --write-modes
 	name    string
 	minimal bool // a second, minimal row: the physical price of one more small INSERT
 	outbox  bool // the event's outbox row
@@ -45,18 +46,19 @@ const (
 )
 
 var pgWriteModes = []writeMode{
-	{name: modeAlone},
-	{name: modeMinimal, minimal: true},
-	{name: modeOutbox, outbox: true},
-	{name: modeCommit, outbox: true, withCommit: true},
-	{name: modeNotify, outbox: true, notify: true},
-	{name: modeRelay, outbox: true, relayPoll: 20 * time.Millisecond},
-	{name: modeAwake, outbox: true, notify: true, relayPoll: forwarder.DefaultPollInterval},
+	{key: "alone", name: modeAlone},
+	{key: "minimal", name: modeMinimal, minimal: true},
+	{key: "outbox", name: modeOutbox, outbox: true},
+	{key: "commit", name: modeCommit, outbox: true, withCommit: true},
+	{key: "notify", name: modeNotify, outbox: true, notify: true},
+	{key: "relay", name: modeRelay, outbox: true, relayPoll: 20 * time.Millisecond},
+	{key: "awake", name: modeAwake, outbox: true, notify: true, relayPoll: forwarder.DefaultPollInterval},
 }
 
 // On MySQL and SQLite the writer wakes nobody through the database (MySQL has no NOTIFY; SQLite
 // wakes relays of the same handle in process), so the outbox row is the whole price.
-var sqlWriteModes = []writeMode{{name: modeAlone}, {name: modeMinimal, minimal: true}, {name: modeOutbox, outbox: true}}
+var sqlWriteModes = []writeMode{{key: "alone", name: modeAlone}, {key: "minimal", name: modeMinimal, minimal: true},
+	{key: "outbox", name: modeOutbox, outbox: true}}
 
 // writeTarget is a store the write path is measured on.
 type writeTarget struct {
@@ -96,11 +98,18 @@ func benchWritePath(ctx context.Context, c config) ([]series, error) {
 		return nil, err
 	}
 	defer target.close()
-	fmt.Printf("\nwrite path on %s: INSERT an order and COMMIT, alone, with a minimal second row and with its outbox row; %s per measurement, %d reps\n",
-		target.desc, c.writeFor, c.reps)
+	flush := ""
+	if c.writeAsync && c.store == "postgres" {
+		flush = " (synchronous_commit off)"
+	}
+	fmt.Printf("\nwrite path on %s%s: INSERT an order and COMMIT, alone, with a minimal second row and with its outbox row; %s per measurement, %d reps\n",
+		target.desc, flush, c.writeFor, c.reps)
 
 	clients := []int{1, 4, 16}
-	modes := target.modes
+	modes, err := pickWriteModes(target.modes, c.writeModes)
+	if err != nil {
+		return nil, err
+	}
 	type key struct{ mode, clients int }
 	p50, p99, tps, mean := map[key]*series{}, map[key]*series{}, map[key]*series{}, map[key]*series{}
 	for mi, m := range modes {
@@ -206,6 +215,34 @@ func benchWritePath(ctx context.Context, c config) ([]series, error) {
 	return out, nil
 }
 
+// pickWriteModes keeps the modes list names (comma-separated keys; every mode when it is empty),
+// in their usual order. The business transaction alone and the minimal row are always kept: every
+// ratio is taken over them.
+func pickWriteModes(all []writeMode, list string) ([]writeMode, error) {
+	if strings.TrimSpace(list) == "" {
+		return all, nil
+	}
+	want := map[string]bool{"alone": true, "minimal": true}
+	for _, k := range strings.Split(list, ",") {
+		k = strings.TrimSpace(k)
+		if !slices.ContainsFunc(all, func(m writeMode) bool { return m.key == k }) {
+			keys := make([]string, len(all))
+			for i, m := range all {
+				keys[i] = fmt.Sprintf("%s (%s)", m.key, m.name)
+			}
+			return nil, fmt.Errorf("--write-modes: no mode %q here; the modes are %s", k, strings.Join(keys, ", "))
+		}
+		want[k] = true
+	}
+	var out []writeMode
+	for _, m := range all {
+		if want[m.key] {
+			out = append(out, m)
+		}
+	}
+	return out, nil
+}
+
 // The minimal row: what one more small INSERT costs on this machine (as pgbench would measure it).
 const minimalRowDDL = `CREATE TABLE %s (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, topic text NOT NULL, payload jsonb NOT NULL)`
 
@@ -215,6 +252,9 @@ func pgWriteTarget(ctx context.Context, c config) (*writeTarget, error) {
 		return nil, err
 	}
 	cfg.MaxConns = 20
+	if c.writeAsync {
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)

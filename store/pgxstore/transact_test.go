@@ -71,7 +71,7 @@ type transactEnv struct {
 	wire  *wire
 }
 
-func newTransactEnv(t *testing.T, cfg pgxstore.Config) *transactEnv {
+func newTransactEnv(t *testing.T, cfg pgxstore.Config, mode ...pgx.QueryExecMode) *transactEnv {
 	t.Helper()
 	ctx := context.Background()
 	pg := testenv.NewPG(t)
@@ -85,6 +85,9 @@ func newTransactEnv(t *testing.T, cfg pgxstore.Config) *transactEnv {
 	}
 	w := &wire{}
 	pcfg.ConnConfig.Tracer = w
+	if len(mode) > 0 {
+		pcfg.ConnConfig.DefaultQueryExecMode = mode[0]
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
 	if err != nil {
 		t.Fatal(err)
@@ -224,6 +227,37 @@ func TestTransactDuplicateIdCommitsNothing(t *testing.T) {
 		t.Fatalf("committed orders %v and outbox %v; the failed transactions must commit nothing", orders, outbox)
 	}
 	e.idle(t)
+}
+
+// Every way pgx can send the pipeline (PgBouncer in transaction mode needs one of the last two)
+// keeps the COMMIT behind the INSERT: one that fails skips it.
+func TestTransactInEveryQueryExecMode(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			e := newTransactEnv(t, pgxstore.Config{}, mode)
+			ctx := context.Background()
+			var ids []string
+			for range 2 { // the second time from the statement caches
+				ev := pipeline.NewEvent("OrderPlaced", "o-1", []byte(`{"n":1}`))
+				if err := e.store.Transact(ctx, pgx.TxOptions{}, e.placeOrder(ev.UUID, ev.UUID, ev)); err != nil {
+					t.Fatal(err)
+				}
+				ids = append(ids, ev.UUID)
+			}
+			err := e.store.Transact(ctx, pgx.TxOptions{}, e.placeOrder("o-dup", "r-dup", message.NewMessage(ids[1], nil)))
+			if !errors.Is(err, pipeline.ErrDuplicateUUID) {
+				t.Fatalf("Transact with a message id already in the outbox returned %v; want ErrDuplicateUUID", err)
+			}
+			orders, outbox := e.state(t)
+			if len(orders) != 2 || strings.Join(outbox, ",") != strings.Join(ids, ",") {
+				t.Fatalf("committed orders %v and outbox %v; want the two transactions that succeeded", orders, outbox)
+			}
+			e.idle(t)
+		})
+	}
 }
 
 func TestTransactFailedCommitKeepsNothing(t *testing.T) {
