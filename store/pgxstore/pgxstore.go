@@ -5,6 +5,9 @@
 // transaction; a message's deliveries are serialized by a session advisory lock; writers wake
 // relays with pg_notify in the same INSERT as the row, delivered at commit, and a relay listens on
 // a connection of its own (Config.PollOnly turns that off for PgBouncer in transaction mode).
+//
+// Store.Transact runs the application's transaction itself and sends the outbox rows in one
+// pipeline with its COMMIT: the row then costs the transaction no round trip of its own.
 package pgxstore
 
 import (
