@@ -32,7 +32,7 @@ var ErrTxOwned = errors.New("pgxstore.Transact ends this transaction when fn ret
 // with any COMMIT, and the error is marked outboxkit.Transport.
 //
 // fn must not commit or roll back tx itself (Commit and Rollback return ErrTxOwned); savepoints
-// (tx.Begin) work as usual. The connection is taken from Pool for the transaction and given
+// (tx.Begin) work as usual; opts.CommitQuery, when set, is the COMMIT sent. The connection is taken from Pool for the transaction and given
 // back after it.
 func (s *Store) Transact(ctx context.Context, opts pgx.TxOptions, fn func(tx pgx.Tx, pub *pipeline.Publisher) error) (err error) {
 	if fn == nil {
@@ -86,7 +86,11 @@ func (s *Store) Transact(ctx context.Context, opts pgx.TxOptions, fn func(tx pgx
 	// One pipeline, one Sync: when the INSERT fails, Postgres skips the COMMIT queued after it.
 	batch := &pgx.Batch{}
 	batch.Queue(query, args...)
-	batch.Queue("commit")
+	commit := "commit"
+	if opts.CommitQuery != "" {
+		commit = opts.CommitQuery
+	}
+	batch.Queue(commit)
 	br := conn.SendBatch(ctx, batch)
 	_, insertErr := br.Exec()
 	tag, commitErr := br.Exec()

@@ -189,6 +189,15 @@ func TestTransactWithoutNotifyAndWithoutEvents(t *testing.T) {
 	if sent := e.wire.take(); sent[len(sent)-1] != "batch[INSERT INTO "+e.pg.Schema.Ident()+".outbox + commit]" {
 		t.Fatalf("sent %q; want the plain INSERT with the commit last", sent)
 	}
+	// The caller's own commit statement is the one sent.
+	opts := pgx.TxOptions{BeginQuery: "BEGIN ISOLATION LEVEL REPEATABLE READ", CommitQuery: "COMMIT AND NO CHAIN"}
+	ev2 := pipeline.NewEvent("OrderPlaced", "o-3", nil)
+	if err := e.store.Transact(ctx, opts, e.placeOrder("o-3", "r-3", ev2)); err != nil {
+		t.Fatal(err)
+	}
+	if sent := e.wire.take(); sent[0] != "BEGIN ISOLATION LEVEL" || sent[len(sent)-1] != "batch[INSERT INTO "+e.pg.Schema.Ident()+".outbox + COMMIT AND NO]" {
+		t.Fatalf("sent %q; want the caller's BEGIN and COMMIT", sent)
+	}
 	// A transaction that publishes nothing commits as any other.
 	if err := e.store.Transact(ctx, pgx.TxOptions{}, e.placeOrder("o-2", "r-2")); err != nil {
 		t.Fatal(err)
@@ -197,7 +206,7 @@ func TestTransactWithoutNotifyAndWithoutEvents(t *testing.T) {
 		t.Fatalf("sent %q; want a plain commit last", sent)
 	}
 	orders, outbox := e.state(t)
-	if strings.Join(orders, ",") != "o-1,o-2" || strings.Join(outbox, ",") != ev.UUID {
+	if strings.Join(orders, ",") != "o-1,o-2,o-3" || strings.Join(outbox, ",") != ev.UUID+","+ev2.UUID {
 		t.Fatalf("committed orders %v and outbox %v", orders, outbox)
 	}
 	e.idle(t)
