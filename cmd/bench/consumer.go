@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -51,27 +53,55 @@ func benchConsumer(ctx context.Context, c config) ([]series, error) {
 	plain := series{Name: "plain handler, outboxkit subscriber", Unit: "msg/s"}
 	inboxOnly := series{Name: "inbox alone (no delivery count)", Unit: "msg/s"}
 	inbox := series{Name: "outboxkit inbox stack", Unit: "msg/s"}
+	guarded := series{Name: "outboxkit inbox stack + order guard, in order", Unit: "msg/s"}
 	sharded := series{Name: fmt.Sprintf("outboxkit inbox stack, %d key shards", consumerShards), Unit: "msg/s"}
 	plainBatched := series{Name: fmt.Sprintf("plain handler, batches of up to %d", consumerBatch), Unit: "msg/s"}
 	batched := series{Name: fmt.Sprintf("outboxkit batch consumer, up to %d", consumerBatch), Unit: "msg/s"}
 	batchedSharded := series{Name: fmt.Sprintf("outboxkit batch consumer, %d key shards", consumerShards), Unit: "msg/s"}
-	for rep := 1; rep <= c.reps; rep++ {
-		for _, v := range []struct {
+	kinds := []struct {
+		s      *series
+		kind   string
+		shards int
+	}{{&stock, "stock", 1}, {&plain, "plain", 1}, {&inboxOnly, "inbox-only", 1}, {&inbox, "inbox", 1}, {&guarded, "guarded", 1},
+		{&sharded, "inbox", consumerShards}, {&plainBatched, "plain-batched", 1}, {&batched, "batched", 1}, {&batchedSharded, "batched", consumerShards}}
+	if c.consumerKinds != "" {
+		want := map[string]bool{}
+		for _, k := range strings.Split(c.consumerKinds, ",") {
+			want[strings.TrimSpace(k)] = true
+		}
+		kinds = slices.DeleteFunc(kinds, func(k struct {
 			s      *series
 			kind   string
 			shards int
-		}{{&stock, "stock", 1}, {&plain, "plain", 1}, {&inboxOnly, "inbox-only", 1}, {&inbox, "inbox", 1}, {&sharded, "inbox", consumerShards},
-			{&plainBatched, "plain-batched", 1}, {&batched, "batched", 1}, {&batchedSharded, "batched", consumerShards}} {
+		}) bool {
+			return !want[k.kind]
+		})
+		if len(kinds) == 0 {
+			return nil, fmt.Errorf("--consumer-kinds %q: name some of stock, plain, inbox-only, inbox, guarded, plain-batched, batched", c.consumerKinds)
+		}
+	}
+	for rep := 1; rep <= c.reps; rep++ {
+		line := fmt.Sprintf("  round %d:", rep)
+		for _, v := range kinds {
 			r, err := consumeOnce(ctx, c, pool, schema, v.kind, v.shards, rep)
 			if err != nil {
 				return nil, fmt.Errorf("%s consumer: %w", v.s.Name, err)
 			}
 			v.s.add(r)
+			line += fmt.Sprintf(" %s %.0f,", v.s.Name, r)
 		}
-		fmt.Printf("  round %d: stock %.0f, plain %.0f, inbox alone %.0f, inbox stack %.0f, inbox sharded %.0f, "+
-			"plain batched %.0f, batch consumer %.0f, batch consumer sharded %.0f msg/s\n",
-			rep, stock.Values[rep-1], plain.Values[rep-1], inboxOnly.Values[rep-1], inbox.Values[rep-1], sharded.Values[rep-1],
-			plainBatched.Values[rep-1], batched.Values[rep-1], batchedSharded.Values[rep-1])
+		fmt.Println(strings.TrimSuffix(line, ",") + " msg/s")
+	}
+	if c.consumerKinds != "" {
+		var out []series
+		for _, v := range kinds {
+			out = append(out, *v.s)
+		}
+		if len(inbox.Values) > 0 && len(guarded.Values) > 0 {
+			out = append(out, ratio("inbox stack + order guard / inbox stack", guarded, inbox))
+		}
+		fmt.Print(table("consumer rate", out))
+		return out, nil
 	}
 	overhead := series{Name: "inbox stack cost vs plain handler", Unit: "%"}
 	inboxCost := series{Name: "inbox alone cost vs plain handler", Unit: "%"}
@@ -85,11 +115,12 @@ func benchConsumer(ctx context.Context, c config) ([]series, error) {
 	}
 	vsStock := ratio("inbox sharded / stock", sharded, stock)
 	batchVsStock := ratio("batch consumer / stock", batched, stock)
-	fmt.Print(table("consumer rate", []series{stock, plain, inboxOnly, inbox, sharded, plainBatched, batched, batchedSharded}))
-	fmt.Print(table("paired by round", []series{inboxCost, overhead, vsStock, ratio("inbox stack / stock", inbox, stock),
+	guardCost := ratio("inbox stack + order guard / inbox stack", guarded, inbox)
+	fmt.Print(table("consumer rate", []series{stock, plain, inboxOnly, inbox, guarded, sharded, plainBatched, batched, batchedSharded}))
+	fmt.Print(table("paired by round", []series{inboxCost, overhead, guardCost, vsStock, ratio("inbox stack / stock", inbox, stock),
 		batchVsStock, batchCost, ratio("batch consumer sharded / stock", batchedSharded, stock)}))
-	return []series{stock, plain, inboxOnly, inbox, sharded, plainBatched, batched, batchedSharded, inboxCost, overhead, vsStock,
-		batchVsStock, batchCost}, nil
+	return []series{stock, plain, inboxOnly, inbox, guarded, sharded, plainBatched, batched, batchedSharded, inboxCost, overhead,
+		guardCost, vsStock, batchVsStock, batchCost}, nil
 }
 
 func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind string, shards, rep int) (float64, error) {
@@ -107,9 +138,17 @@ func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind
 		return 0, err
 	}
 	defer pub.Close()
+	versions := map[string]int64{}
 	for i := 0; i < n; i++ {
 		body, key := payload(i, c.keys)
-		if err := pub.Publish(outboxkit.ShardTopic(topic, key, shards), pipeline.NewEvent("OrderPlaced", key, body)); err != nil {
+		msg := pipeline.NewEvent("OrderPlaced", key, body)
+		if kind == "guarded" {
+			// Each key's events numbered in the order they are published: the guard applies each
+			// at once (nothing parks), so what is measured is its price on every delivery.
+			versions[key]++
+			outboxkit.SetVersion(msg, versions[key])
+		}
+		if err := pub.Publish(outboxkit.ShardTopic(topic, key, shards), msg); err != nil {
 			return 0, err
 		}
 	}
@@ -182,8 +221,14 @@ func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind
 				return 0, err
 			}
 			stack = []message.HandlerMiddleware{m}
-		} else if stack, err = middleware.Stack(middleware.StackConfig{Store: storeIn(pool, schema, pgxstore.Config{}), Consumer: group}); err != nil {
-			return 0, err
+		} else {
+			cfg := middleware.StackConfig{Store: storeIn(pool, schema, pgxstore.Config{}), Consumer: group}
+			if kind == "guarded" {
+				cfg.OrderGuard = &middleware.OrderGuardConfig{}
+			}
+			if stack, err = middleware.Stack(cfg); err != nil {
+				return 0, err
+			}
 		}
 		h := router.AddConsumerHandler("h-"+t, t, sub, func(msg *message.Message) error {
 			err := handlers.JSON(func(ctx context.Context, tx pgx.Tx, o map[string]any) error {

@@ -34,6 +34,7 @@ type config struct {
 	relays           int
 	scenario         string
 	consumerEvents   int
+	consumerKinds    string
 	backendURLs      string
 	writeFor, e2eFor time.Duration
 	writeModes       string
@@ -73,6 +74,8 @@ func main() {
 	history := flag.String("claim-history", "0,1000000,5000000", "published rows the outbox holds for each claim measurement")
 	flag.StringVar(&c.backendURLs, "backends", defaultBackendURLs, "comma-separated broker URLs for --scenario backends")
 	flag.IntVar(&c.consumerEvents, "consumer-events", 5000, "messages preloaded for each consumer measurement")
+	flag.StringVar(&c.consumerKinds, "consumer-kinds", "", "the consumers --scenario consumer measures, comma-separated: "+
+		"stock, plain, inbox-only, inbox (also over key shards), guarded, plain-batched, batched (also over key shards); empty: all")
 	flag.Parse()
 	for _, f := range strings.Split(*history, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
