@@ -32,9 +32,9 @@ var ErrTxOwned = errors.New("pgxstore.Transact ends this transaction when fn ret
 // with any COMMIT, and the error is marked outboxkit.Transport.
 //
 // fn must not commit or roll back tx itself (Commit and Rollback return ErrTxOwned); savepoints
-// (tx.Begin) work as usual; opts.CommitQuery, when set, is the COMMIT sent. The connection is taken from Pool for the transaction and given
-// back after it.
-func (s *Store) Transact(ctx context.Context, opts pgx.TxOptions, fn func(tx pgx.Tx, pub *pipeline.Publisher) error) (err error) {
+// (tx.Begin) work as usual; opts.CommitQuery, when set, is the COMMIT sent. The connection is
+// taken from Pool for the transaction and given back after it.
+func (s *Store) Transact(ctx context.Context, opts pgx.TxOptions, fn func(tx pgx.Tx, pub *pipeline.Publisher) error) error {
 	if fn == nil {
 		return errors.New("pgxstore.Transact: fn is nil: pass the function that makes the business change and publishes its events")
 	}

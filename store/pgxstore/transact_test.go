@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store"
@@ -284,6 +285,40 @@ func TestTransactFailedCommitKeepsNothing(t *testing.T) {
 	orders, outbox := e.state(t)
 	if strings.Join(orders, ",") != "o-1" || len(outbox) != 1 {
 		t.Fatalf("committed orders %v and %d outbox rows; the failed commit must keep nothing", orders, len(outbox))
+	}
+	e.idle(t)
+}
+
+// The session dies before the pipeline reaches it: Transact says the database could not be
+// reached, nothing is committed, and the pool goes on with a new connection.
+func TestTransactOnALostSessionIsTransport(t *testing.T) {
+	t.Parallel()
+	e := newTransactEnv(t, pgxstore.Config{})
+	ctx := context.Background()
+	err := e.store.Transact(ctx, pgx.TxOptions{}, func(tx pgx.Tx, pub *pipeline.Publisher) error {
+		if err := e.placeOrder("o-1", "r-1", pipeline.NewEvent("OrderPlaced", "o-1", nil))(tx, pub); err != nil {
+			return err
+		}
+		var pid int32
+		if err := tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid); err != nil {
+			return err
+		}
+		if _, err := e.pg.Pool.Exec(ctx, `SELECT pg_terminate_backend($1)`, pid); err != nil {
+			return err
+		}
+		testenv.Eventually(t, 10*time.Second, "the terminated session to exit", func() bool {
+			return e.pg.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid) == 0
+		})
+		return nil
+	})
+	if !outboxkit.IsTransport(err) {
+		t.Fatalf("Transact on a terminated session returned %v; want an error marked outboxkit.Transport", err)
+	}
+	if orders, outbox := e.state(t); len(orders) != 0 || len(outbox) != 0 {
+		t.Fatalf("committed orders %v and outbox %v; the lost session must commit nothing", orders, outbox)
+	}
+	if err := e.store.Transact(ctx, pgx.TxOptions{}, e.placeOrder("o-2", "r-2", pipeline.NewEvent("OrderPlaced", "o-2", nil))); err != nil {
+		t.Fatalf("the next Transact failed: %v", err)
 	}
 	e.idle(t)
 }
