@@ -344,6 +344,12 @@ func sqlWriteTarget(ctx context.Context, dbURL, desc string) (*writeTarget, erro
 		closeAll()
 		return nil, err
 	}
+	// The business tables live beside outboxkit's: in the run's own database on MySQL (dropped at
+	// the end), in the run's file on SQLite.
+	in := ""
+	if db.Dialect == "mysql" {
+		in = "`" + namespace + "`."
+	}
 	ddl := []string{
 		`CREATE TABLE orders (id INTEGER PRIMARY KEY, customer TEXT NOT NULL, total_cents INTEGER NOT NULL,
 			created_at TEXT NOT NULL DEFAULT CURRENT_TIMESTAMP)`,
@@ -351,9 +357,9 @@ func sqlWriteTarget(ctx context.Context, dbURL, desc string) (*writeTarget, erro
 	}
 	if db.Dialect == "mysql" {
 		ddl = []string{
-			`CREATE TABLE orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, customer VARCHAR(64) NOT NULL, total_cents BIGINT NOT NULL,
+			`CREATE TABLE ` + in + `orders (id BIGINT AUTO_INCREMENT PRIMARY KEY, customer VARCHAR(64) NOT NULL, total_cents BIGINT NOT NULL,
 				created_at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6))`,
-			`CREATE TABLE events_min (id BIGINT AUTO_INCREMENT PRIMARY KEY, topic VARCHAR(255) NOT NULL, payload JSON NOT NULL)`,
+			`CREATE TABLE ` + in + `events_min (id BIGINT AUTO_INCREMENT PRIMARY KEY, topic VARCHAR(255) NOT NULL, payload JSON NOT NULL)`,
 		}
 	}
 	for _, q := range ddl {
@@ -362,8 +368,8 @@ func sqlWriteTarget(ctx context.Context, dbURL, desc string) (*writeTarget, erro
 			return nil, err
 		}
 	}
-	insert := db.Rebind(`INSERT INTO orders (customer, total_cents) VALUES (?, ?)`)
-	insertMin := db.Rebind(`INSERT INTO events_min (topic, payload) VALUES ('orders', ?)`)
+	insert := db.Rebind(`INSERT INTO ` + in + `orders (customer, total_cents) VALUES (?, ?)`)
+	insertMin := db.Rebind(`INSERT INTO ` + in + `events_min (topic, payload) VALUES ('orders', ?)`)
 	load := func(ctx context.Context, m writeMode, n int, d time.Duration) ([]time.Duration, time.Duration, error) {
 		return clientsFor(n, d, func(w, i int) error {
 			tx, err := db.SQL.BeginTx(ctx, nil)
