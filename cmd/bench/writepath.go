@@ -75,6 +75,9 @@ type writeTarget struct {
 // outbox row, at 1, 4 and 16 concurrent clients, for c.writeFor each, on the store --store names.
 // Modes alternate within a round, so each ratio pairs figures measured back to back.
 func benchWritePath(ctx context.Context, c config) ([]series, error) {
+	if c.writeAsync && c.store != "postgres" {
+		return nil, fmt.Errorf("--write-async applies to --store postgres only (synchronous_commit); %s flushes as it is configured", c.store)
+	}
 	var (
 		target *writeTarget
 		err    error
@@ -99,7 +102,7 @@ func benchWritePath(ctx context.Context, c config) ([]series, error) {
 	}
 	defer target.close()
 	flush := ""
-	if c.writeAsync && c.store == "postgres" {
+	if c.writeAsync {
 		flush = " (synchronous_commit off)"
 	}
 	fmt.Printf("\nwrite path on %s%s: INSERT an order and COMMIT, alone, with a minimal second row and with its outbox row; %s per measurement, %d reps\n",
