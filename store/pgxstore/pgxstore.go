@@ -43,9 +43,8 @@ type Config struct {
 // Store is a store.Driver[pgx.Tx].
 type Store struct {
 	*sqlstore.Store
-	pool      *pgxpool.Pool
-	d         *pg.Dialect
-	notifyOff bool
+	pool *pgxpool.Pool
+	d    *pg.Dialect
 }
 
 var _ store.Driver[pgx.Tx] = (*Store)(nil)
@@ -73,7 +72,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{Store: sqlstore.New(dbexec.Pgx(pool), d), pool: pool, d: d, notifyOff: cfg.DisableNotify}, nil
+	return &Store{Store: sqlstore.New(dbexec.Pgx(pool), d), pool: pool, d: d}, nil
 }
 
 // UnwrapTx is the store's view of the application's transaction.

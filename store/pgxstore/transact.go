@@ -79,7 +79,7 @@ func (s *Store) Transact(ctx context.Context, opts pgx.TxOptions, fn func(tx pgx
 		// Outside a transaction the INSERT would commit on its own: refuse it.
 		return fmt.Errorf("pgxstore.Transact: the transaction ended inside fn (session status %q); the outbox rows were not written", st)
 	}
-	query, args, err := pg.InsertQuery(s.d.Schema(), buf.rows, !s.notifyOff)
+	query, args, err := s.d.OutboxInsert(buf.rows)
 	if err != nil {
 		return err
 	}

@@ -262,8 +262,14 @@ func canonicalUUID(id string) bool {
 	return true
 }
 
+// OutboxInsert is the writers' INSERT of msgs in d's schema, with the wake-up unless
+// DisableNotify: what InsertOutbox runs, and what pgxstore.Transact sends with the COMMIT.
+func (d *Dialect) OutboxInsert(msgs []store.OutboxMessage) (string, []any, error) {
+	return InsertQuery(d.schema, msgs, !d.cfg.DisableNotify)
+}
+
 func (d *Dialect) InsertOutbox(ctx context.Context, q dbexec.Querier, msgs []store.OutboxMessage) error {
-	query, args, err := InsertQuery(d.schema, msgs, !d.cfg.DisableNotify)
+	query, args, err := d.OutboxInsert(msgs)
 	if err != nil {
 		return err
 	}
