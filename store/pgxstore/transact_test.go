@@ -129,29 +129,16 @@ func (e *transactEnv) state(t *testing.T) (orders, outbox []string) {
 	return orders, outbox
 }
 
-// idle checks that every connection went back to the pool outside a transaction and still works.
-func (e *transactEnv) idle(t *testing.T) {
+// reused checks that every Transact gave its connection back to the pool in a state the pool
+// keeps (outside any transaction): the pool dials a new one only when it had to close one. The
+// tests run their transactions one at a time, so want is 1, or one more per session a test kills.
+func (e *transactEnv) reused(t *testing.T, want int64) {
 	t.Helper()
-	ctx := context.Background()
-	pool := e.store.Pool()
-	var held []*pgxpool.Conn
-	defer func() {
-		for _, c := range held {
-			c.Release()
-		}
-	}()
-	for range pool.Stat().IdleConns() {
-		c, err := pool.Acquire(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		held = append(held, c)
-		if st := c.Conn().PgConn().TxStatus(); st != 'I' {
-			t.Fatalf("a connection went back to the pool with session status %q, not idle", st)
-		}
-		if _, err := c.Exec(ctx, `SELECT 1`); err != nil {
-			t.Fatalf("a connection of the pool no longer works: %v", err)
-		}
+	if got := e.store.Pool().Stat().NewConnsCount(); got != want {
+		t.Fatalf("the pool opened %d connections, want %d: a Transact left its session unusable or inside a transaction", got, want)
+	}
+	if _, err := e.store.Pool().Exec(context.Background(), `SELECT 1`); err != nil {
+		t.Fatalf("the pool no longer works: %v", err)
 	}
 }
 
@@ -176,7 +163,7 @@ func TestTransactSendsTheRowsWithTheCommit(t *testing.T) {
 	if !notified(10 * time.Second) {
 		t.Fatal("no wake-up after the commit")
 	}
-	e.idle(t)
+	e.reused(t, 1)
 }
 
 func TestTransactWithoutNotifyAndWithoutEvents(t *testing.T) {
@@ -210,37 +197,12 @@ func TestTransactWithoutNotifyAndWithoutEvents(t *testing.T) {
 	if strings.Join(orders, ",") != "o-1,o-2,o-3" || strings.Join(outbox, ",") != ev.UUID+","+ev2.UUID {
 		t.Fatalf("committed orders %v and outbox %v", orders, outbox)
 	}
-	e.idle(t)
-}
-
-func TestTransactDuplicateIdCommitsNothing(t *testing.T) {
-	t.Parallel()
-	e := newTransactEnv(t, pgxstore.Config{})
-	ctx := context.Background()
-	ev := pipeline.NewEvent("OrderPlaced", "o-1", nil)
-	if err := e.store.Transact(ctx, pgx.TxOptions{}, e.placeOrder("o-1", "r-1", ev)); err != nil {
-		t.Fatal(err)
-	}
-	again := message.NewMessage(ev.UUID, nil)
-	err := e.store.Transact(ctx, pgx.TxOptions{}, e.placeOrder("o-2", "r-2", again))
-	if !errors.Is(err, pipeline.ErrDuplicateUUID) {
-		t.Fatalf("Transact with a message id already in the outbox returned %v; want ErrDuplicateUUID", err)
-	}
-	// Twice in one transaction, too.
-	twin := pipeline.NewEvent("OrderPlaced", "o-3", nil)
-	err = e.store.Transact(ctx, pgx.TxOptions{}, e.placeOrder("o-3", "r-3", twin, message.NewMessage(twin.UUID, nil)))
-	if !errors.Is(err, pipeline.ErrDuplicateUUID) {
-		t.Fatalf("Transact with one message id twice returned %v; want ErrDuplicateUUID", err)
-	}
-	orders, outbox := e.state(t)
-	if strings.Join(orders, ",") != "o-1" || strings.Join(outbox, ",") != ev.UUID {
-		t.Fatalf("committed orders %v and outbox %v; the failed transactions must commit nothing", orders, outbox)
-	}
-	e.idle(t)
+	e.reused(t, 1)
 }
 
 // Every way pgx can send the pipeline (PgBouncer in transaction mode needs one of the last two)
-// keeps the COMMIT behind the INSERT: one that fails skips it.
+// keeps the COMMIT behind the INSERT: one that fails — a message id already in the outbox, or twice
+// in one transaction — skips it, and nothing commits.
 func TestTransactInEveryQueryExecMode(t *testing.T) {
 	t.Parallel()
 	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
@@ -261,11 +223,16 @@ func TestTransactInEveryQueryExecMode(t *testing.T) {
 			if !errors.Is(err, pipeline.ErrDuplicateUUID) {
 				t.Fatalf("Transact with a message id already in the outbox returned %v; want ErrDuplicateUUID", err)
 			}
+			twin := pipeline.NewEvent("OrderPlaced", "o-3", nil)
+			err = e.store.Transact(ctx, pgx.TxOptions{}, e.placeOrder("o-3", "r-3", twin, message.NewMessage(twin.UUID, nil)))
+			if !errors.Is(err, pipeline.ErrDuplicateUUID) {
+				t.Fatalf("Transact with one message id twice returned %v; want ErrDuplicateUUID", err)
+			}
 			orders, outbox := e.state(t)
 			if len(orders) != 2 || strings.Join(outbox, ",") != strings.Join(ids, ",") {
 				t.Fatalf("committed orders %v and outbox %v; want the two transactions that succeeded", orders, outbox)
 			}
-			e.idle(t)
+			e.reused(t, 1)
 		})
 	}
 }
@@ -286,7 +253,7 @@ func TestTransactFailedCommitKeepsNothing(t *testing.T) {
 	if strings.Join(orders, ",") != "o-1" || len(outbox) != 1 {
 		t.Fatalf("committed orders %v and %d outbox rows; the failed commit must keep nothing", orders, len(outbox))
 	}
-	e.idle(t)
+	e.reused(t, 1)
 }
 
 // The session dies before the pipeline reaches it: Transact says the database could not be
@@ -320,7 +287,7 @@ func TestTransactOnALostSessionIsTransport(t *testing.T) {
 	if err := e.store.Transact(ctx, pgx.TxOptions{}, e.placeOrder("o-2", "r-2", pipeline.NewEvent("OrderPlaced", "o-2", nil))); err != nil {
 		t.Fatalf("the next Transact failed: %v", err)
 	}
-	e.idle(t)
+	e.reused(t, 2) // the killed session's, and the one after it
 }
 
 func TestTransactRollsBackOnErrorPanicAndAbortedTx(t *testing.T) {
@@ -390,5 +357,5 @@ func TestTransactRollsBackOnErrorPanicAndAbortedTx(t *testing.T) {
 	if len(orders) != 0 || len(outbox) != 0 {
 		t.Fatalf("committed orders %v and outbox %v; every transaction above must roll back", orders, outbox)
 	}
-	e.idle(t)
+	e.reused(t, 1)
 }
