@@ -29,6 +29,13 @@ const (
 	consumerBatch  = 100
 )
 
+// consumerKind is one consumer the scenario measures, into s.
+type consumerKind struct {
+	s      *series
+	kind   string
+	shards int
+}
+
 // benchConsumer times consumers draining a preloaded queue, each writing one effect row per
 // message: stock Watermill as shipped, a plain handler with our subscriber settings (the baseline
 // for the inbox's cost), the inbox stack, and the inbox stack over key shards.
@@ -58,24 +65,15 @@ func benchConsumer(ctx context.Context, c config) ([]series, error) {
 	plainBatched := series{Name: fmt.Sprintf("plain handler, batches of up to %d", consumerBatch), Unit: "msg/s"}
 	batched := series{Name: fmt.Sprintf("outboxkit batch consumer, up to %d", consumerBatch), Unit: "msg/s"}
 	batchedSharded := series{Name: fmt.Sprintf("outboxkit batch consumer, %d key shards", consumerShards), Unit: "msg/s"}
-	kinds := []struct {
-		s      *series
-		kind   string
-		shards int
-	}{{&stock, "stock", 1}, {&plain, "plain", 1}, {&inboxOnly, "inbox-only", 1}, {&inbox, "inbox", 1}, {&guarded, "guarded", 1},
-		{&sharded, "inbox", consumerShards}, {&plainBatched, "plain-batched", 1}, {&batched, "batched", 1}, {&batchedSharded, "batched", consumerShards}}
+	kinds := []consumerKind{{&stock, "stock", 1}, {&plain, "plain", 1}, {&inboxOnly, "inbox-only", 1}, {&inbox, "inbox", 1},
+		{&guarded, "guarded", 1}, {&sharded, "inbox", consumerShards}, {&plainBatched, "plain-batched", 1}, {&batched, "batched", 1},
+		{&batchedSharded, "batched", consumerShards}}
 	if c.consumerKinds != "" {
 		want := map[string]bool{}
 		for _, k := range strings.Split(c.consumerKinds, ",") {
 			want[strings.TrimSpace(k)] = true
 		}
-		kinds = slices.DeleteFunc(kinds, func(k struct {
-			s      *series
-			kind   string
-			shards int
-		}) bool {
-			return !want[k.kind]
-		})
+		kinds = slices.DeleteFunc(kinds, func(k consumerKind) bool { return !want[k.kind] })
 		if len(kinds) == 0 {
 			return nil, fmt.Errorf("--consumer-kinds %q: name some of stock, plain, inbox-only, inbox, guarded, plain-batched, batched", c.consumerKinds)
 		}
