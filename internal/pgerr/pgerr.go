@@ -1,5 +1,7 @@
 // Package pgerr reads Postgres error details from either driver outboxkit supports (pgx, also
-// behind database/sql, and lib/pq), so each seam translates driver errors in one place.
+// behind database/sql, and lib/pq), so each seam translates driver errors in one place. It does not
+// import lib/pq: its errors are read through the SQLState method they share with pgx's, so that
+// only the teams that chose lib/pq compile it.
 package pgerr
 
 import (
@@ -7,11 +9,11 @@ import (
 	"errors"
 	"io"
 	"net"
+	"reflect"
 	"strings"
 	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/lib/pq"
 )
 
 // SQLSTATE codes outboxkit reacts to.
@@ -32,11 +34,29 @@ func Code(err error) (code, constraint string) {
 	if errors.As(err, &pgErr) {
 		return pgErr.Code, pgErr.ConstraintName
 	}
-	var pqErr *pq.Error
-	if errors.As(err, &pqErr) {
-		return string(pqErr.Code), pqErr.Constraint
+	var stateErr interface {
+		error
+		SQLState() string
+	}
+	if errors.As(err, &stateErr) {
+		return stateErr.SQLState(), constraintOf(stateErr)
 	}
 	return "", ""
+}
+
+// constraintOf reads the Constraint field of lib/pq's *pq.Error (which has no method for it).
+func constraintOf(err error) string {
+	v := reflect.ValueOf(err)
+	if v.Kind() == reflect.Pointer && !v.IsNil() {
+		v = v.Elem()
+	}
+	if v.Kind() != reflect.Struct {
+		return ""
+	}
+	if f := v.FieldByName("Constraint"); f.IsValid() && f.Kind() == reflect.String {
+		return f.String()
+	}
+	return ""
 }
 
 // Unreachable reports whether err means the database could not be reached, or dropped the

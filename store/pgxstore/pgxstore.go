@@ -19,7 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outboxkit/store"
-	"github.com/outboxkit/outboxkit/store/internal/dbexec"
+	"github.com/outboxkit/outboxkit/store/internal/dbexec/pgxexec"
 	"github.com/outboxkit/outboxkit/store/internal/pg"
 	"github.com/outboxkit/outboxkit/store/internal/sqlstore"
 )
@@ -72,11 +72,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{Store: sqlstore.New(dbexec.Pgx(pool), d), pool: pool, d: d}, nil
+	return &Store{Store: sqlstore.New(pgxexec.DB(pool), d), pool: pool, d: d}, nil
 }
 
 // UnwrapTx is the store's view of the application's transaction.
-func (s *Store) UnwrapTx(tx pgx.Tx) store.Tx { return s.Store.UnwrapTx(dbexec.PgxTx(tx)) }
+func (s *Store) UnwrapTx(tx pgx.Tx) store.Tx { return s.Store.UnwrapTx(pgxexec.Tx(tx)) }
 
 // Pool is the pool the store uses.
 func (s *Store) Pool() *pgxpool.Pool { return s.pool }

@@ -17,7 +17,6 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-	"github.com/lib/pq"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/internal/pgerr"
@@ -35,8 +34,8 @@ type Config struct {
 	Schema string
 	// Driver names the library in Info ("pgx", "database/sql").
 	Driver string
-	// NativeArrays passes Go slices as array parameters (pgx); otherwise they go through lib/pq's
-	// array encoding, which every database/sql driver for Postgres accepts.
+	// NativeArrays passes Go slices as array parameters (pgx); otherwise they go as array
+	// literals, which every database/sql driver for Postgres accepts.
 	NativeArrays bool
 	// DisableNotify leaves pg_notify out of the writers' INSERT.
 	DisableNotify bool
@@ -131,7 +130,7 @@ func (d *Dialect) Int64s(v []int64) any {
 	if d.cfg.NativeArrays {
 		return v
 	}
-	return pq.Array(v)
+	return int64Array(v)
 }
 
 func (d *Dialect) Strings(v []string) any {
@@ -141,7 +140,7 @@ func (d *Dialect) Strings(v []string) any {
 	if d.cfg.NativeArrays {
 		return v
 	}
-	return pq.Array(v)
+	return textArray(v)
 }
 
 func (d *Dialect) Time(t time.Time) any { return t }

@@ -1,4 +1,6 @@
-package dbexec
+// Package pgxexec is dbexec over pgx: a pool, its connections and its transactions. Only the pgx
+// driver imports it, so that the database/sql drivers compile without pgx.
+package pgxexec
 
 import (
 	"context"
@@ -7,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outboxkit/store/internal/dbexec"
 )
 
 // pgxQuerier is what pgx's pool, connections and transactions have in common.
@@ -23,7 +27,7 @@ func (p pgxQ) Exec(ctx context.Context, query string, args ...any) (int64, error
 	return tag.RowsAffected(), err
 }
 
-func (p pgxQ) Query(ctx context.Context, query string, args ...any) (Rows, error) {
+func (p pgxQ) Query(ctx context.Context, query string, args ...any) (dbexec.Rows, error) {
 	rows, err := p.q.Query(ctx, query, args...)
 	if err != nil {
 		return nil, err
@@ -31,7 +35,7 @@ func (p pgxQ) Query(ctx context.Context, query string, args ...any) (Rows, error
 	return pgxRows{rows}, nil
 }
 
-func (p pgxQ) QueryRow(ctx context.Context, query string, args ...any) Row {
+func (p pgxQ) QueryRow(ctx context.Context, query string, args ...any) dbexec.Row {
 	return pgxRow{p.q.QueryRow(ctx, query, args...)}
 }
 
@@ -44,12 +48,12 @@ type pgxRow struct{ pgx.Row }
 func (r pgxRow) Scan(dest ...any) error {
 	err := r.Row.Scan(dest...)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return ErrNoRows
+		return dbexec.ErrNoRows
 	}
 	return err
 }
 
-func pgxOptions(o TxOptions) pgx.TxOptions {
+func pgxOptions(o dbexec.TxOptions) pgx.TxOptions {
 	switch {
 	case o.Serializable:
 		return pgx.TxOptions{IsoLevel: pgx.Serializable}
@@ -59,23 +63,23 @@ func pgxOptions(o TxOptions) pgx.TxOptions {
 	return pgx.TxOptions{}
 }
 
-// Pgx is a DB over a pgx pool.
-func Pgx(pool *pgxpool.Pool) DB { return pgxDB{pgxQ{pool}, pool} }
+// DB is a dbexec.DB over a pgx pool.
+func DB(pool *pgxpool.Pool) dbexec.DB { return pgxDB{pgxQ{pool}, pool} }
 
 type pgxDB struct {
 	pgxQ
 	pool *pgxpool.Pool
 }
 
-func (d pgxDB) Begin(ctx context.Context, o TxOptions) (Tx, error) {
+func (d pgxDB) Begin(ctx context.Context, o dbexec.TxOptions) (dbexec.Tx, error) {
 	tx, err := d.pool.BeginTx(ctx, pgxOptions(o))
 	if err != nil {
 		return nil, err
 	}
-	return PgxTx(tx), nil
+	return Tx(tx), nil
 }
 
-func (d pgxDB) Conn(ctx context.Context) (Conn, error) {
+func (d pgxDB) Conn(ctx context.Context) (dbexec.Conn, error) {
 	c, err := d.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -88,12 +92,12 @@ type pgxConn struct {
 	c *pgxpool.Conn
 }
 
-func (c pgxConn) Begin(ctx context.Context, o TxOptions) (Tx, error) {
+func (c pgxConn) Begin(ctx context.Context, o dbexec.TxOptions) (dbexec.Tx, error) {
 	tx, err := c.c.BeginTx(ctx, pgxOptions(o))
 	if err != nil {
 		return nil, err
 	}
-	return PgxTx(tx), nil
+	return Tx(tx), nil
 }
 
 func (c pgxConn) Release(discard bool) {
@@ -103,17 +107,17 @@ func (c pgxConn) Release(discard bool) {
 	c.c.Release()
 }
 
-// PgxConnOf returns the pgx connection under a Conn from Pgx, for what only pgx can do (batches,
+// ConnOf returns the pgx connection under a dbexec.Conn from DB, for what only pgx can do (batches,
 // LISTEN); nil for another Conn.
-func PgxConnOf(c Conn) *pgx.Conn {
+func ConnOf(c dbexec.Conn) *pgx.Conn {
 	if pc, ok := c.(pgxConn); ok {
 		return pc.c.Conn()
 	}
 	return nil
 }
 
-// PgxTx is a Tx over a pgx transaction.
-func PgxTx(tx pgx.Tx) Tx { return pgxTx{pgxQ{tx}, tx} }
+// Tx is a dbexec.Tx over a pgx transaction.
+func Tx(tx pgx.Tx) dbexec.Tx { return pgxTx{pgxQ{tx}, tx} }
 
 type pgxTx struct {
 	pgxQ
