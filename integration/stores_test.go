@@ -14,8 +14,8 @@ import (
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store"
+	_ "github.com/outboxkit/outboxkit/store/allstores"
 	"github.com/outboxkit/outboxkit/store/storetest"
-	"github.com/outboxkit/outboxkit/stores"
 )
 
 // testDB is one migrated store and the means to look at it, whatever the database: the failure
@@ -113,8 +113,8 @@ var storeNames = []string{"pgx", "postgres-sql", "mysql", "sqlite"}
 // openDB opens a store by URL (as a service would, with stores.Open) and migrates it.
 func openDB(t *testing.T, name, url, namespace, prefix string) testDB {
 	t.Helper()
-	open := func(t *testing.T) *stores.DB {
-		db, err := stores.Open(context.Background(), url, stores.Options{Namespace: namespace})
+	open := func(t *testing.T) *store.DB {
+		db, err := store.Open(context.Background(), url, store.OpenOptions{Schema: namespace})
 		if err != nil {
 			t.Fatalf("open %s: %v", name, err)
 		}

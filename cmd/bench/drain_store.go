@@ -16,8 +16,9 @@ import (
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store"
+	_ "github.com/outboxkit/outboxkit/store/allstores" // every database URL
 	"github.com/outboxkit/outboxkit/store/mysqlstore"
-	"github.com/outboxkit/outboxkit/stores"
 )
 
 // benchDrainStore is the drain on a store other than Postgres (--store mysql or sqlite): on MySQL
@@ -90,7 +91,7 @@ func benchDrainSQLite(ctx context.Context, c config) ([]series, error) {
 // own on a server) and times a forwarder draining it to brokerURL.
 func drainStoreOnce(ctx context.Context, c config, dbURL, brokerURL string, rep int) (float64, error) {
 	namespace := fmt.Sprintf("bench_ok_%d_%d", rep, time.Now().UnixNano()%1e9)
-	db, err := stores.Open(ctx, dbURL, stores.Options{Namespace: namespace})
+	db, err := store.Open(ctx, dbURL, store.OpenOptions{Schema: namespace})
 	if err != nil {
 		return 0, err
 	}
@@ -189,7 +190,7 @@ func drainStockMySQL(ctx context.Context, c config, rep int) (float64, error) {
 		return 0, err
 	}
 	defer db.Close()
-	db.SetMaxOpenConns(stores.DefaultMaxConns)
+	db.SetMaxOpenConns(store.DefaultMaxConns)
 	return drainStock(ctx, c, stockSQL{
 		name:     "mysql",
 		beginner: wsql.BeginnerFromStdSQL(db),

@@ -16,8 +16,8 @@ import (
 
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/pgxstore"
-	"github.com/outboxkit/outboxkit/stores"
 )
 
 // writeMode is what one business transaction does.
@@ -333,7 +333,7 @@ func pgWriteTarget(ctx context.Context, c config) (*writeTarget, error) {
 // sqlWriteTarget measures a database/sql store (MySQL/MariaDB, SQLite) opened by URL.
 func sqlWriteTarget(ctx context.Context, dbURL, desc string) (*writeTarget, error) {
 	namespace := fmt.Sprintf("bench_write_%d", time.Now().UnixNano()%1e9)
-	db, err := stores.Open(ctx, dbURL, stores.Options{Namespace: namespace})
+	db, err := store.Open(ctx, dbURL, store.OpenOptions{Schema: namespace})
 	if err != nil {
 		return nil, err
 	}

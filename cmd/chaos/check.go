@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/outboxkit/outboxkit/stores"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 var consumers = []string{"shipping", "billing", "search"}
@@ -54,11 +54,11 @@ func (v *verdict) violations() int {
 
 // tables reads the soak's tables in one database of either dialect.
 type tables struct {
-	db     *stores.DB
+	db     *store.DB
 	prefix string
 }
 
-func newTables(db *stores.DB, namespace string) tables {
+func newTables(db *store.DB, namespace string) tables {
 	t := tables{db: db}
 	switch db.Dialect {
 	case "postgres":

@@ -17,7 +17,8 @@ import (
 
 	"github.com/outboxkit/outboxkit/internal/tcpproxy"
 	"github.com/outboxkit/outboxkit/internal/topics"
-	"github.com/outboxkit/outboxkit/stores"
+	"github.com/outboxkit/outboxkit/store"
+	_ "github.com/outboxkit/outboxkit/store/allstores" // every database URL
 )
 
 // env is what one soak runs against: its own names on the shared servers, and the means to
@@ -139,11 +140,11 @@ func (e *env) rootExec(stmt string) error {
 }
 
 // adminDB opens the --db URL itself, as the administrator (SQLite: the soak's file).
-func (e *env) adminDB(ctx context.Context) (*stores.DB, error) {
+func (e *env) adminDB(ctx context.Context) (*store.DB, error) {
 	if e.o.store == "sqlite" {
 		return e.checkerDB(ctx, e.run)
 	}
-	return stores.Open(ctx, e.withAppName(e.o.dbURL, e.run+"_driver"), stores.Options{Namespace: e.run, MaxConns: 4})
+	return store.Open(ctx, e.withAppName(e.o.dbURL, e.run+"_driver"), store.OpenOptions{Schema: e.run, MaxConns: 4})
 }
 
 // dbURL is the database URL of one of the soak's processes: on Postgres it carries the
@@ -176,16 +177,16 @@ func (e *env) withAppName(raw, name string) string {
 }
 
 // checkerDB opens the soak's tables for the checker.
-func (e *env) checkerDB(ctx context.Context, namespace string) (*stores.DB, error) {
+func (e *env) checkerDB(ctx context.Context, namespace string) (*store.DB, error) {
 	switch e.o.store {
 	case "sqlite":
 		file := filepath.Join(e.dir, "chaos.db")
 		if strings.HasSuffix(namespace, "_gateway") {
 			file += "-gateway"
 		}
-		return stores.Open(ctx, "sqlite://"+file, stores.Options{MaxConns: 2})
+		return store.Open(ctx, "sqlite://"+file, store.OpenOptions{MaxConns: 2})
 	}
-	return stores.Open(ctx, e.withAppName(e.o.dbURL, e.run+"_driver"), stores.Options{Namespace: namespace, MaxConns: 4})
+	return store.Open(ctx, e.withAppName(e.o.dbURL, e.run+"_driver"), store.OpenOptions{Schema: namespace, MaxConns: 4})
 }
 
 func (e *env) setUpBroker(ctx context.Context) error {

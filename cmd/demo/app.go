@@ -22,7 +22,8 @@ import (
 	"github.com/outboxkit/outboxkit/idempotency"
 	"github.com/outboxkit/outboxkit/internal/faults"
 	"github.com/outboxkit/outboxkit/pipeline"
-	"github.com/outboxkit/outboxkit/stores"
+	"github.com/outboxkit/outboxkit/store"
+	_ "github.com/outboxkit/outboxkit/store/allstores" // every database URL
 )
 
 // relayControl runs the forwarder and lets /admin/relay stop and start it.
@@ -68,7 +69,7 @@ func (c *relayControl) running() bool {
 }
 
 func run(ctx context.Context, o options) error {
-	db, err := stores.Open(ctx, o.dbURL, stores.Options{Namespace: o.schema})
+	db, err := store.Open(ctx, o.dbURL, store.OpenOptions{Schema: o.schema})
 	if err != nil {
 		return fmt.Errorf("%w (pass --db; the default, %s, needs no server)", err, defaultDB)
 	}
@@ -273,7 +274,7 @@ func printFaults(o options) {
 	}
 }
 
-func readiness(db *stores.DB, control *relayControl, maxAge time.Duration) http.HandlerFunc {
+func readiness(db *store.DB, control *relayControl, maxAge time.Duration) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		st, err := db.OutboxStats(r.Context(), time.Now())
 		if err != nil {

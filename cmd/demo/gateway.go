@@ -19,7 +19,7 @@ import (
 	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/idempotency"
 	"github.com/outboxkit/outboxkit/pipeline"
-	"github.com/outboxkit/outboxkit/stores"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // The payment gateway is the demo's effect outside its database: Billing charges the order there,
@@ -42,7 +42,7 @@ const gatewayChargesDDL = `CREATE TABLE IF NOT EXISTS {{t}}.gateway_charges (
 
 // openGateway opens the gateway's database beside the demo's: the namespace <schema>_gateway on
 // Postgres and MySQL, the file <db>-gateway on SQLite.
-func openGateway(ctx context.Context, o options, dialect string) (*stores.DB, error) {
+func openGateway(ctx context.Context, o options, dialect string) (*store.DB, error) {
 	url, ns := o.dbURL, o.schema+"_gateway"
 	if dialect == "sqlite" {
 		path, query, _ := strings.Cut(o.dbURL, "?")
@@ -51,7 +51,7 @@ func openGateway(ctx context.Context, o options, dialect string) (*stores.DB, er
 			url += "?" + query
 		}
 	}
-	db, err := stores.Open(ctx, url, stores.Options{Namespace: ns})
+	db, err := store.Open(ctx, url, store.OpenOptions{Schema: ns})
 	if err != nil {
 		return nil, fmt.Errorf("the payment gateway's database: %w", err)
 	}
@@ -73,7 +73,7 @@ type chargeRequest struct {
 
 // gatewayHandler serves POST /gateway/charges: an Idempotency-Key is required, and a charge sent
 // again with its key is answered from the record, not charged again.
-func gatewayHandler(db *stores.DB, logger watermill.LoggerAdapter) (http.Handler, error) {
+func gatewayHandler(db *store.DB, logger watermill.LoggerAdapter) (http.Handler, error) {
 	idem, err := idempotency.Middleware(idempotency.Config{Store: db, Required: true, Logger: logger})
 	if err != nil {
 		return nil, err

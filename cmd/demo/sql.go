@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outboxkit/backends"
-	"github.com/outboxkit/outboxkit/stores"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 //go:embed schema_*.sql
@@ -17,13 +17,13 @@ var schemas embed.FS
 // business is the demo's own tables on whichever database --db names. Its statements are written
 // once, with ? placeholders and {{t}}. before table names (the namespace outboxkit's tables share).
 type business struct {
-	db     *stores.DB
+	db     *store.DB
 	prefix string
 	// lag reads a consumer group's backlog in the broker; nil where the broker cannot tell.
 	lag func(ctx context.Context, group string) (backends.Lag, error)
 }
 
-func newBusiness(db *stores.DB) *business {
+func newBusiness(db *store.DB) *business {
 	b := &business{db: db}
 	switch db.Dialect {
 	case "postgres":

@@ -17,7 +17,8 @@ import (
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
-	"github.com/outboxkit/outboxkit/stores"
+	"github.com/outboxkit/outboxkit/store"
+	_ "github.com/outboxkit/outboxkit/store/allstores" // every database URL
 )
 
 type env struct {
@@ -27,14 +28,14 @@ type env struct {
 }
 
 // connect opens the store --db names. It opens no LISTEN connection: outboxctl relays nothing.
-func (e *env) connect(ctx context.Context) (*stores.DB, error) {
+func (e *env) connect(ctx context.Context) (*store.DB, error) {
 	if e.dbURL == "" {
-		return nil, usagef("no database: pass --db URL (%s) or set OUTBOXKIT_DATABASE_URL", stores.Schemes)
+		return nil, usagef("no database: pass --db URL (%s) or set OUTBOXKIT_DATABASE_URL", store.Schemes())
 	}
 	if !strings.Contains(e.dbURL, "://") {
-		return nil, usagef("--db %q is not a database URL: use one of %s", e.dbURL, stores.Schemes)
+		return nil, usagef("--db %q is not a database URL: use one of %s", e.dbURL, store.Schemes())
 	}
-	return stores.Open(ctx, e.dbURL, stores.Options{Namespace: e.schema, PollOnly: true})
+	return store.Open(ctx, e.dbURL, store.OpenOptions{Schema: e.schema, PollOnly: true})
 }
 
 // flags is a command's flag set; errors and --help are reported by the caller.

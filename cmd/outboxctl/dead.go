@@ -11,7 +11,6 @@ import (
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/store"
-	"github.com/outboxkit/outboxkit/stores"
 )
 
 // filter parses the dead-letter filter flags of side before anything touches the database.
@@ -50,7 +49,7 @@ func (f *filterFlags) filter(side string) (store.DeadLetterFilter, error) {
 }
 
 // deadLetters lists side's dead letters.
-func deadLetters(ctx context.Context, db *stores.DB, side string, filter store.DeadLetterFilter) ([]store.DeadLetter, error) {
+func deadLetters(ctx context.Context, db *store.DB, side string, filter store.DeadLetterFilter) ([]store.DeadLetter, error) {
 	if side == "outbox" {
 		return db.OutboxDeadLetters(ctx, filter)
 	}

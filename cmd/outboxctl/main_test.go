@@ -15,7 +15,7 @@ import (
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/pipeline"
-	"github.com/outboxkit/outboxkit/stores"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 func ctl(t *testing.T, args ...string) (code int, stdout, stderr string) {
@@ -105,7 +105,7 @@ func operate(t *testing.T, url, namespace string) {
 
 	// Two events; the broker refuses the one for key "bad" until it is dead-lettered.
 	ctx := context.Background()
-	s, err := stores.Open(ctx, url, stores.Options{Namespace: namespace, PollOnly: true})
+	s, err := store.Open(ctx, url, store.OpenOptions{Schema: namespace, PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,7 +29,12 @@ import (
 
 // Config configures a Store. The zero value is ready to use.
 type Config struct {
-	// Database holds outboxkit's tables (Migrate creates it). Default "outboxkit".
+	// Schema is the database holding outboxkit's tables (MySQL calls a database a schema;
+	// Migrate creates it). Default "outboxkit".
+	Schema string
+	// Database is the former name of Schema.
+	//
+	// Deprecated: use Schema. Database is read only when Schema is empty.
 	Database string
 }
 
@@ -44,7 +49,13 @@ var _ store.Driver[*sql.Tx] = (*Store)(nil)
 
 // New returns the store of the server db reaches. It does not touch the database.
 func New(db *sql.DB, cfg Config) (*Store, error) {
-	d, err := mysql.New(cfg.Database)
+	if db == nil {
+		return nil, errors.New("mysqlstore: db is nil: open the database (sql.Open(\"mysql\", dsn), or mysqlstore.Open) and pass it")
+	}
+	if cfg.Schema == "" {
+		cfg.Schema = cfg.Database
+	}
+	d, err := mysql.New(cfg.Schema)
 	if err != nil {
 		return nil, err
 	}
@@ -96,13 +107,36 @@ func DSN(rawURL string) (string, error) {
 	return cfg.FormatDSN(), nil
 }
 
-// redactURL hides the password of a URL for error messages.
-func redactURL(raw string) string {
-	if u, err := url.Parse(raw); err == nil && u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "xxxxx")
-			return u.String()
-		}
+func redactURL(raw string) string { return store.RedactURL(raw) }
+
+func init() {
+	store.Register(open, "mysql://user:pass@host:3306/db (MySQL 8, MariaDB 10.6+)", "mysql")
+}
+
+// Open connects to the server a mysql:// URL names and returns its store, with its database/sql
+// handle; it checks that the server answers and supports what the store needs (FOR UPDATE SKIP
+// LOCKED). It does not migrate. store.Open calls it for mysql:// URLs.
+func Open(ctx context.Context, rawURL string, opts store.OpenOptions) (*store.DB, error) {
+	if scheme, _, _ := strings.Cut(rawURL, "://"); !strings.EqualFold(scheme, "mysql") {
+		return nil, fmt.Errorf("mysqlstore: database URL %q is not a mysql:// URL", redactURL(rawURL))
 	}
-	return raw
+	return store.Open(ctx, rawURL, opts)
+}
+
+func open(ctx context.Context, rawURL string, opts store.OpenOptions) (*store.DB, error) {
+	dsn, err := DSN(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return nil, fmt.Errorf("database URL %s: %w", redactURL(rawURL), err)
+	}
+	db.SetMaxOpenConns(opts.MaxConns)
+	s, err := New(db, Config{Schema: opts.Schema})
+	var check func(context.Context) error
+	if err == nil {
+		check = s.CheckVersion
+	}
+	return store.Finish(ctx, db, s, err, "mysql", rawURL, check)
 }

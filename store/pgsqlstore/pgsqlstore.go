@@ -10,9 +10,13 @@ package pgsqlstore
 import (
 	"context"
 	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver, the default
 
 	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/internal/dbexec"
@@ -43,6 +47,9 @@ var _ store.Driver[*sql.Tx] = (*Store)(nil)
 
 // New returns the store of the database db reaches. It does not touch the database.
 func New(db *sql.DB, cfg Config) (*Store, error) {
+	if db == nil {
+		return nil, errors.New("pgsqlstore: db is nil: open the database (sql.Open(\"pgx\", url), or store.Open) and pass it")
+	}
 	pcfg := pg.Config{Schema: cfg.Schema, Driver: "database/sql", DisableNotify: cfg.DisableNotify, ListenRetry: cfg.ListenRetry}
 	if cfg.ListenURL != "" {
 		url := cfg.ListenURL
@@ -60,3 +67,35 @@ func (s *Store) UnwrapTx(tx *sql.Tx) store.Tx { return s.Store.UnwrapTx(dbexec.S
 
 // DB is the pool the store uses.
 func (s *Store) DB() *sql.DB { return s.db }
+
+func init() {
+	store.Register(open, "postgres://user:pass@host:5432/db (Postgres)", "postgres", "postgresql")
+}
+
+// open is store.Open for postgres:// URLs: a database/sql handle through the driver
+// OpenOptions.SQLDriver names (pgx's stdlib by default; "postgres" for lib/pq, which the program
+// imports), and a LISTEN connection of its own unless PollOnly.
+func open(ctx context.Context, rawURL string, opts store.OpenOptions) (*store.DB, error) {
+	driver := opts.SQLDriver
+	if driver == "" {
+		driver = "pgx"
+	}
+	if !slices.Contains(sql.Drivers(), driver) {
+		hint := ""
+		if driver == "postgres" {
+			hint = `: import _ "github.com/lib/pq"`
+		}
+		return nil, fmt.Errorf("database/sql driver %q is not registered in this program%s", driver, hint)
+	}
+	db, err := sql.Open(driver, rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("database URL %s: %w", store.RedactURL(rawURL), err)
+	}
+	db.SetMaxOpenConns(opts.MaxConns)
+	cfg := Config{Schema: opts.Schema, DisableNotify: opts.DisableNotify}
+	if !opts.PollOnly {
+		cfg.ListenURL = rawURL
+	}
+	s, err := New(db, cfg)
+	return store.Finish(ctx, db, s, err, "postgres", rawURL, nil)
+}

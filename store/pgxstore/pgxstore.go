@@ -12,6 +12,8 @@ package pgxstore
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"strings"
 	"time"
 
@@ -51,6 +53,9 @@ var _ store.Driver[pgx.Tx] = (*Store)(nil)
 
 // New returns the store of the database pool reaches. It does not touch the database.
 func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("pgxstore: pool is nil: create one (pgxpool.New, or pgxstore.Open) and pass it")
+	}
 	pcfg := pg.Config{Schema: cfg.Schema, Driver: "pgx", NativeArrays: true, DisableNotify: cfg.DisableNotify,
 		ListenRetry: cfg.ListenRetry}
 	if !cfg.PollOnly {
@@ -73,6 +78,31 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		return nil, err
 	}
 	return &Store{Store: sqlstore.New(pgxexec.DB(pool), d), pool: pool, d: d}, nil
+}
+
+// Open connects a pool of its own to the database a postgres:// URL names (pgx's connection string
+// settings apply, pool_max_conns included), checks that it answers, and returns the store on it:
+// for a team on pgx that takes its database URL from configuration and wants its handlers and
+// writers to receive pgx.Tx. Close the store's Pool when done. It does not migrate.
+func Open(ctx context.Context, rawURL string, cfg Config) (*Store, error) {
+	pcfg, err := pgxpool.ParseConfig(rawURL)
+	if err != nil {
+		return nil, fmt.Errorf("pgxstore: database URL %s: %w", store.RedactURL(rawURL), err)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgxstore: database URL %s: %w", store.RedactURL(rawURL), err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("cannot reach the database at %s: %w (is it running? is the URL right?)", store.RedactURL(rawURL), err)
+	}
+	s, err := New(pool, cfg)
+	if err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return s, nil
 }
 
 // UnwrapTx is the store's view of the application's transaction.

@@ -168,8 +168,16 @@ func TestDisableNotifySendsNothing(t *testing.T) {
 
 func TestRejectsBadSchemaNames(t *testing.T) {
 	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none") // never dialled
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := pgxstore.New(nil, pgxstore.Config{}); err == nil || !strings.Contains(err.Error(), "pool is nil") {
+		t.Errorf("nil pool: got %v, want an error saying so", err)
+	}
 	for _, name := range []string{"Outbox", "1abc", "a-b", `x"; DROP TABLE y; --`, strings.Repeat("a", 51)} {
-		if _, err := pgxstore.New(nil, pgxstore.Config{Schema: name}); err == nil || !strings.Contains(err.Error(), "lowercase letters") {
+		if _, err := pgxstore.New(pool, pgxstore.Config{Schema: name}); err == nil || !strings.Contains(err.Error(), "lowercase letters") {
 			t.Errorf("schema %q: got %v, want a message saying which names are usable", name, err)
 		}
 	}

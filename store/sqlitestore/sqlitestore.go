@@ -20,6 +20,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 
 	_ "modernc.org/sqlite" // registers the "sqlite" database/sql driver
 
@@ -76,8 +77,30 @@ func DSN(path string) string {
 	return "file:" + path + "?" + q.Encode()
 }
 
+func init() {
+	store.Register(openURL, "sqlite://path/to/file.db or sqlite:///absolute/path.db (SQLite)", "sqlite")
+}
+
+func openURL(ctx context.Context, rawURL string, opts store.OpenOptions) (*store.DB, error) {
+	path := rawURL[strings.Index(rawURL, "://")+3:]
+	if path == "" {
+		return nil, fmt.Errorf("database URL %q names no file: use sqlite://path/to/file.db or sqlite:///absolute/path.db", rawURL)
+	}
+	if opts.MustExist {
+		if _, err := os.Stat(path); err != nil {
+			return nil, fmt.Errorf("database URL %q: %w (the file must exist: check the path, or run migrate first)", rawURL, err)
+		}
+	}
+	s, err := Open(ctx, path)
+	if err != nil {
+		return nil, err
+	}
+	s.DB().SetMaxOpenConns(opts.MaxConns)
+	return &store.DB{Driver: s, SQL: s.DB(), Dialect: "sqlite"}, nil
+}
+
 // Open opens the SQLite database at path (created if missing, with its directory) and returns
-// its store. Close the store's DB when done.
+// its store. Close the store's DB when done. store.Open opens sqlite:// URLs with it.
 func Open(ctx context.Context, path string) (*Store, error) {
 	if path == "" {
 		return nil, errors.New("sqlitestore: no path: name the database file, e.g. .cache/outboxkit.db")

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outboxkit/store"
-	"github.com/outboxkit/outboxkit/stores"
+	_ "github.com/outboxkit/outboxkit/store/allstores" // every database URL
 )
 
 // Harness makes stores of one driver for the suite.
@@ -136,7 +136,7 @@ func HelperProcess(t *testing.T) {
 func Rewrite(query, prefix string, dollar bool) string {
 	query = strings.ReplaceAll(query, "{{schema}}.", prefix)
 	if dollar {
-		query = stores.Rebind("postgres", query)
+		query = store.Rebind("postgres", query)
 	}
 	return query
 }

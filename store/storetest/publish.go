@@ -15,7 +15,6 @@ import (
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store"
-	"github.com/outboxkit/outboxkit/stores"
 )
 
 func publishTests[TTx any]() []test[TTx] {
@@ -300,7 +299,7 @@ func runHelper(t *testing.T, spec string) {
 		t.Fatalf("helper: unknown task %q", spec)
 	}
 	ctx := context.Background()
-	db, err := stores.Open(ctx, parts[1], stores.Options{Namespace: parts[2], PollOnly: true})
+	db, err := store.Open(ctx, parts[1], store.OpenOptions{Schema: parts[2], PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
