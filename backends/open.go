@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
 	"strings"
 	"sync"
@@ -11,9 +12,11 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/outboxkit/outboxkit"
 )
+
+// DefaultCloudEventsSource is the CloudEvents source attribute unless Options.CloudEventsSource
+// names another.
+const DefaultCloudEventsSource = "/outboxkit"
 
 // Options tune a backend. Each field applies to the schemes its comment names; Open rejects a
 // field set for another scheme rather than ignoring it.
@@ -97,6 +100,72 @@ type Backend struct {
 	closed        bool
 }
 
+// Parts are what a broker's package builds for Open from a URL.
+type Parts struct {
+	// Publisher publishes with the broker's confirms. Required.
+	Publisher message.Publisher
+	// NewSubscriber returns a subscriber for one consumer group (never ""). Required.
+	NewSubscriber func(consumerGroup string) (Subscriber, error)
+	// Lag reads a consumer group's backlog; nil when the broker cannot tell (ErrLagUnknown).
+	Lag func(ctx context.Context, topic, consumerGroup string) (Lag, error)
+	// Close releases what the parts hold, the publisher included, in reverse order.
+	Close []func() error
+}
+
+// Opener builds a broker's Parts from a URL of a scheme it registered; Options arrive checked,
+// with Logger set.
+type Opener func(ctx context.Context, rawURL string, opts Options) (Parts, error)
+
+type registration struct {
+	open    Opener
+	example string
+}
+
+var (
+	openersMu sync.RWMutex
+	openers   = map[string]registration{}
+)
+
+// Register makes a broker package's Opener available to Open for URLs of the given schemes;
+// example shows the URL form in errors. Broker packages call it from init, as database/sql drivers
+// do: a program opens by URL only the brokers it imports (backends/allbackends imports every one).
+// It panics when a scheme is registered twice.
+func Register(open Opener, example string, schemes ...string) {
+	openersMu.Lock()
+	defer openersMu.Unlock()
+	for _, s := range schemes {
+		if _, dup := openers[s]; dup {
+			panic("backends: Register called twice for scheme " + s)
+		}
+		openers[s] = registration{open: open, example: example}
+	}
+}
+
+// knownSchemes name the package of each of outboxkit's brokers, for the error of a scheme whose
+// package the program does not import.
+var knownSchemes = map[string]string{
+	"amqp": "amqpbackend", "amqps": "amqpbackend", "kafka": "kafkabackend", "nats": "natsbackend", "tls": "natsbackend",
+	"redis": "redisbackend", "rediss": "redisbackend", "postgres": "postgresbackend", "postgresql": "postgresbackend",
+	"memory": "memorybackend",
+}
+
+// Schemes lists the URL forms of the registered brokers.
+func Schemes() string {
+	openersMu.RLock()
+	defer openersMu.RUnlock()
+	var forms []string
+	for _, r := range openers {
+		if !slices.Contains(forms, r.example) {
+			forms = append(forms, r.example)
+		}
+	}
+	slices.Sort(forms)
+	if len(forms) == 0 {
+		return "none registered: import a broker's package, e.g. _ \"github.com/outboxkit/outboxkit/backends/allbackends\""
+	}
+	return strings.Join(forms, ", ")
+}
+
 // NewSubscriber returns a subscriber for one consumer group: every group gets every message of a
 // topic; consumers of one group share them, where the broker has consumer groups. It connects on first
 // use; a first Subscribe while the broker is down returns a channel at once and subscribes in the
@@ -127,11 +196,6 @@ func (b *Backend) Close() error {
 // DefaultPrefetch is how many unacknowledged messages a consumer is handed at once.
 const DefaultPrefetch = 16
 
-// Schemes lists the broker URL forms Open understands.
-const Schemes = "amqp://user:pass@host:5672/vhost (RabbitMQ), kafka://host:9092[,host:9092] (Kafka), " +
-	"nats://host:4222 (NATS JetStream), redis://host:6379/0 (Redis Streams), " +
-	"postgres://user@host:5432/db (a watermill-sql topic), memory:// (in-process, for demos and tests)"
-
 // Open builds the backend a URL names. Teams swap brokers by changing the URL, nothing else.
 //
 // Open does not connect: the publisher dials on its first Publish and each subscriber on its first
@@ -140,40 +204,42 @@ const Schemes = "amqp://user:pass@host:5672/vhost (RabbitMQ), kafka://host:9092[
 func Open(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
 	scheme, _, ok := strings.Cut(rawURL, "://")
 	if !ok || scheme == "" {
-		return nil, fmt.Errorf("broker URL %q has no scheme: use one of %s", redact(rawURL), Schemes)
+		return nil, fmt.Errorf("broker URL %q has no scheme: use one of %s", redact(rawURL), Schemes())
 	}
 	scheme = strings.ToLower(scheme)
+	openersMu.RLock()
+	r, found := openers[scheme]
+	openersMu.RUnlock()
+	if !found {
+		if pkg, known := knownSchemes[scheme]; known {
+			return nil, fmt.Errorf("broker URL scheme %q: its package is not linked into this program: "+
+				"import _ \"github.com/outboxkit/outboxkit/backends/%s\" (or backends/allbackends)", scheme, pkg)
+		}
+		return nil, fmt.Errorf("broker URL scheme %q is not supported: use one of %s", scheme, Schemes())
+	}
 	if err := opts.check(scheme); err != nil {
 		return nil, err
 	}
 	if opts.Logger == nil {
 		opts.Logger = watermill.NopLogger{}
 	}
-	var (
-		b   *Backend
-		err error
-	)
-	switch scheme {
-	case "amqp", "amqps":
-		b, err = openAMQP(rawURL, opts)
-	case "kafka":
-		b, err = openKafka(rawURL, opts)
-	case "nats", "tls":
-		b, err = openNATS(ctx, rawURL, opts)
-	case "redis", "rediss":
-		b, err = openRedis(ctx, rawURL, opts)
-	case "postgres", "postgresql":
-		b, err = openPostgres(ctx, rawURL, opts)
-	case "memory":
-		b, err = openMemory(rawURL, opts)
-	default:
-		return nil, fmt.Errorf("broker URL scheme %q is not supported: use one of %s", scheme, Schemes)
-	}
+	parts, err := r.open(ctx, rawURL, opts)
 	if err != nil {
 		return nil, fmt.Errorf("open %s broker %s: %w", scheme, redact(rawURL), err)
 	}
-	b.Scheme = scheme
-	return b, nil
+	return &Backend{Scheme: scheme, Publisher: parts.Publisher, newSubscriber: parts.NewSubscriber, lag: parts.Lag,
+		closers: parts.Close}, nil
+}
+
+// redact hides the password of a URL for error messages.
+func redact(raw string) string {
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "***")
+			return strings.Replace(u.String(), "%2A%2A%2A", "***", 1)
+		}
+	}
+	return raw
 }
 
 // check rejects options set for a scheme they do not apply to.
@@ -208,118 +274,6 @@ func (o Options) check(scheme string) error {
 				return fmt.Errorf("ConsumerGroups[%q] holds an empty group name", topic)
 			}
 		}
-	}
-	return nil
-}
-
-// groupsOf returns the consumer groups declared for topic, those of "*" included.
-func groupsOf(consumerGroups map[string][]string, topic string) []string {
-	groups := append([]string(nil), consumerGroups["*"]...)
-	for _, g := range consumerGroups[topic] {
-		if !slices.Contains(groups, g) {
-			groups = append(groups, g)
-		}
-	}
-	return groups
-}
-
-// classifyingPublisher marks a publisher's errors as transport or message errors at the seam.
-type classifyingPublisher struct {
-	message.Publisher
-	classify func(error) error
-}
-
-func (p classifyingPublisher) Publish(topic string, msgs ...*message.Message) error {
-	if err := p.Publisher.Publish(topic, msgs...); err != nil {
-		return p.classify(err)
-	}
-	return nil
-}
-
-// boundedPublisher returns from Publish when the first message's context ends, for clients whose
-// publish takes no context (Sarama's SyncProducer retries for as long as its own settings say,
-// tens of seconds into an outage, and the forwarder's pass would wait with it). The abandoned call
-// runs on until the client gives up; if it succeeds after all, the row is published again later
-// and the inbox absorbs the duplicate. Close waits for such calls, so none outlives it.
-type boundedPublisher struct {
-	message.Publisher
-	classify func(error) error
-	wg       sync.WaitGroup
-}
-
-func (p *boundedPublisher) Publish(topic string, msgs ...*message.Message) error {
-	ctx := context.Background()
-	if len(msgs) > 0 {
-		ctx = msgs[0].Context()
-	}
-	if ctx.Done() == nil {
-		if err := p.Publisher.Publish(topic, msgs...); err != nil {
-			return p.classify(err)
-		}
-		return nil
-	}
-	done := make(chan error, 1)
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		done <- p.Publisher.Publish(topic, msgs...)
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			return p.classify(err)
-		}
-		return nil
-	case <-ctx.Done():
-		return outboxkit.Transport(fmt.Errorf("publish to %s not acknowledged before its deadline: %w", topic, context.Cause(ctx)))
-	}
-}
-
-func (p *boundedPublisher) Close() error {
-	err := p.Publisher.Close()
-	p.wg.Wait()
-	return err
-}
-
-// lazyPublisher makes its publisher on the first Publish, and again on the next one after a
-// failure, for clients that connect when they are made.
-type lazyPublisher struct {
-	build  func() (message.Publisher, error)
-	mu     sync.Mutex
-	inner  message.Publisher
-	closed bool
-}
-
-func (p *lazyPublisher) get() (message.Publisher, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return nil, errors.New("publisher is closed")
-	}
-	if p.inner == nil {
-		inner, err := p.build()
-		if err != nil {
-			return nil, err
-		}
-		p.inner = inner
-	}
-	return p.inner, nil
-}
-
-func (p *lazyPublisher) Publish(topic string, msgs ...*message.Message) error {
-	inner, err := p.get()
-	if err != nil {
-		return err
-	}
-	return inner.Publish(topic, msgs...)
-}
-
-func (p *lazyPublisher) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	p.closed = true
-	if p.inner != nil {
-		return p.inner.Close()
 	}
 	return nil
 }

@@ -10,7 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outboxkit"
-	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/backends/amqpbackend"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/pipeline"
 )
@@ -41,7 +41,7 @@ func TestAMQPPublisher_UnroutableIsAMessageError(t *testing.T) {
 	topic := testenv.UniqueName(t, "nobody")
 	t.Cleanup(func() { deleteExchange(t, url, topic) })
 	err := amqpPublisher(t, url).Publish(topic, pipeline.NewEvent("E", "k", nil))
-	if !errors.Is(err, backends.ErrUnroutable) || outboxkit.IsTransport(err) {
+	if !errors.Is(err, amqpbackend.ErrUnroutable) || outboxkit.IsTransport(err) {
 		t.Fatalf("got %v; want ErrUnroutable, not a transport error", err)
 	}
 }
@@ -151,14 +151,14 @@ func TestAMQPPublisher_ChannelExceptionBlamesOnlyAKnownCulprit(t *testing.T) {
 	good := testenv.UniqueName(t, "good")
 	gone := testenv.UniqueName(t, "gone")
 	testenv.BindQueue(t, url, good)
-	pub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: url, Channels: 1})
+	pub, err := amqpbackend.NewPublisher(amqpbackend.PublisherConfig{URL: url, Channels: 1})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pub.Close()
 	// Declare the doomed exchange through the publisher, then delete it behind its back: a publish
 	// to it is refused with 404 and the broker closes the shared channel.
-	if err := pub.Publish(gone, pipeline.NewEvent("E", "k", nil)); !errors.Is(err, backends.ErrUnroutable) {
+	if err := pub.Publish(gone, pipeline.NewEvent("E", "k", nil)); !errors.Is(err, amqpbackend.ErrUnroutable) {
 		t.Fatalf("setup publish: %v", err)
 	}
 	deleteExchange(t, url, gone)

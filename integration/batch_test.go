@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/backends/amqpbackend"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/middleware"
 )
@@ -76,7 +77,7 @@ func TestHelperBatchConsumer(t *testing.T) {
 	p := strings.Split(spec, "|")
 	pgURL, schemaName, amqpURL, topic, crash, handled := p[0], p[1], p[2], p[3], p[4], p[5]
 	pg := testenv.AttachPG(t, pgURL, schemaName)
-	sub, err := backends.NewAMQPSubscriber(backends.AMQPSubscriberConfig{URL: amqpURL, ConsumerGroup: "billing", Unacked: 50})
+	sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: amqpURL, ConsumerGroup: "billing", Unacked: 50})
 	if err != nil {
 		t.Fatal(err)
 	}

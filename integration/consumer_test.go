@@ -16,7 +16,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/backends/amqpbackend"
 	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/middleware"
@@ -53,7 +53,7 @@ func startConsumer(t testing.TB, s *pgxstore.Store, amqpURL, topic, group string
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := backends.NewAMQPSubscriber(backends.AMQPSubscriberConfig{URL: amqpURL, ConsumerGroup: group})
+	sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: amqpURL, ConsumerGroup: group})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/backends/amqpbackend"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
@@ -98,11 +98,11 @@ func TestHelperEmittingConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := backends.NewAMQPSubscriber(backends.AMQPSubscriberConfig{URL: amqpURL, ConsumerGroup: "billing"})
+	sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: amqpURL, ConsumerGroup: "billing"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: amqpURL})
+	pub, err := amqpbackend.NewPublisher(amqpbackend.PublisherConfig{URL: amqpURL})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outboxkit"
-	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/backends/amqpbackend"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/pipeline"
@@ -41,9 +41,9 @@ func keys(n int) []string {
 	return out
 }
 
-func amqpPublisher(t testing.TB, url string) *backends.AMQPPublisher {
+func amqpPublisher(t testing.TB, url string) *amqpbackend.Publisher {
 	t.Helper()
-	pub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: url})
+	pub, err := amqpbackend.NewPublisher(amqpbackend.PublisherConfig{URL: url})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outboxkit"
-	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/backends/amqpbackend"
 	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
@@ -131,7 +131,7 @@ func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind
 	}
 	defer deleteQueues(c.brokerURL, topics, group)
 
-	pub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: c.brokerURL})
+	pub, err := amqpbackend.NewPublisher(amqpbackend.PublisherConfig{URL: c.brokerURL})
 	if err != nil {
 		return 0, err
 	}
@@ -178,9 +178,9 @@ func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind
 		case "stock":
 			sub, err = wamqp.NewSubscriber(wamqp.NewDurablePubSubConfig(c.brokerURL, wamqp.GenerateQueueNameTopicNameWithSuffix(group)), watermill.NopLogger{})
 		case "batched", "plain-batched":
-			sub, err = backends.NewAMQPSubscriber(backends.AMQPSubscriberConfig{URL: c.brokerURL, ConsumerGroup: group, Unacked: consumerBatch})
+			sub, err = amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, ConsumerGroup: group, Unacked: consumerBatch})
 		default:
-			sub, err = backends.NewAMQPSubscriber(backends.AMQPSubscriberConfig{URL: c.brokerURL, ConsumerGroup: group})
+			sub, err = amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, ConsumerGroup: group})
 		}
 		if err != nil {
 			return 0, err

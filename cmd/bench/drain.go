@@ -20,7 +20,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outboxkit"
-	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/backends/amqpbackend"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store/pgxstore"
@@ -263,7 +263,7 @@ func drainOutboxkit(ctx context.Context, c config, pool *pgxpool.Pool, rep int) 
 	var wg sync.WaitGroup
 	relays := make([]*forwarder.Forwarder, max(1, c.relays))
 	for i := range relays {
-		pub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: c.brokerURL})
+		pub, err := amqpbackend.NewPublisher(amqpbackend.PublisherConfig{URL: c.brokerURL})
 		if err != nil {
 			return 0, err
 		}

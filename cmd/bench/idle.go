@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/backends/amqpbackend"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/middleware"
@@ -53,7 +53,7 @@ func benchIdle(ctx context.Context, c config) ([]series, error) {
 
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	pub, err := backends.NewAMQPPublisher(backends.AMQPConfig{URL: c.brokerURL})
+	pub, err := amqpbackend.NewPublisher(amqpbackend.PublisherConfig{URL: c.brokerURL})
 	if err != nil {
 		return nil, err
 	}
@@ -62,7 +62,7 @@ func benchIdle(ctx context.Context, c config) ([]series, error) {
 	if err != nil {
 		return nil, err
 	}
-	sub, err := backends.NewAMQPSubscriber(backends.AMQPSubscriberConfig{URL: c.brokerURL, ConsumerGroup: group, Unacked: consumerBatch})
+	sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, ConsumerGroup: group, Unacked: consumerBatch})
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outboxkit/backends"
+	_ "github.com/outboxkit/outboxkit/backends/allbackends" // every broker URL
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"

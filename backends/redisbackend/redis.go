@@ -1,4 +1,7 @@
-package backends
+// Package redisbackend is outboxkit's Redis Streams broker: a stream per topic, a consumer group
+// per consumer group, pending entries of a dead consumer claimed by a live one. It registers
+// redis:// and rediss:// with backends.Open.
+package redisbackend
 
 import (
 	"context"
@@ -13,27 +16,29 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
 )
 
-func openRedis(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
+func open(ctx context.Context, rawURL string, opts backends.Options) (backends.Parts, error) {
 	if opts.ClaimAfter == 0 {
 		opts.ClaimAfter = 30 * time.Second
 	}
 	ropts, err := redis.ParseURL(rawURL)
 	if err != nil {
-		return nil, err
+		return backends.Parts{}, err
 	}
 	client := redis.NewClient(ropts) // connects on first use
-	marshaller := redisMarshaller{wire: newWireFormat(opts)}
+	marshaller := redisMarshaller{wire: brokerio.NewWire(opts)}
 	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client, Marshaller: marshaller}, opts.Logger)
 	if err != nil {
 		_ = client.Close()
-		return nil, err
+		return backends.Parts{}, err
 	}
-	return &Backend{
-		Publisher: classifyingPublisher{Publisher: pub, classify: classifyRedis},
-		lag:       redisLag(client),
-		newSubscriber: func(group string) (Subscriber, error) {
+	return backends.Parts{
+		Publisher: brokerio.ClassifyingPublisher{Publisher: pub, Classify: classifyRedis},
+		Lag:       redisLag(client),
+		NewSubscriber: func(group string) (backends.Subscriber, error) {
 			client := redis.NewClient(ropts)
 			sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
 				Client: client, ConsumerGroup: group, Unmarshaller: marshaller,
@@ -46,9 +51,9 @@ func openRedis(ctx context.Context, rawURL string, opts Options) (*Backend, erro
 				_ = client.Close()
 				return nil, err
 			}
-			return newRetryingSubscriber(redisSubscriber{Subscriber: sub, client: client, group: group}, classifyRedis, opts.Logger), nil
+			return brokerio.NewRetryingSubscriber(redisSubscriber{Subscriber: sub, client: client, group: group}, classifyRedis, opts.Logger), nil
 		},
-		closers: []func() error{pub.Close, client.Close},
+		Close: []func() error{pub.Close, client.Close},
 	}, nil
 }
 
@@ -83,7 +88,7 @@ func (s redisSubscriber) SubscribeInitialize(topic string) error {
 // is the UUID and its payload the "payload" or "data" field.
 type redisMarshaller struct {
 	redisstream.DefaultMarshallerUnmarshaller
-	wire wireFormat
+	wire brokerio.Wire
 }
 
 func (m redisMarshaller) Marshal(topic string, msg *message.Message) (map[string]interface{}, error) {
@@ -91,8 +96,8 @@ func (m redisMarshaller) Marshal(topic string, msg *message.Message) (map[string
 	if err != nil {
 		return nil, err
 	}
-	for name, v := range m.wire.ceAttributes(topic, msg) {
-		values[cePrefixOther+name] = v
+	for name, v := range m.wire.CEAttributes(topic, msg) {
+		values[brokerio.CEPrefixOther+name] = v
 	}
 	return values, nil
 }
@@ -104,11 +109,11 @@ func (m redisMarshaller) Unmarshal(values map[string]interface{}) (*message.Mess
 		}
 		return ""
 	}
-	attrs := func(name string) string { return field(cePrefixOther + name) }
+	attrs := func(name string) string { return field(brokerio.CEPrefixOther + name) }
 	if values[redisstream.UUIDHeaderKey] != nil {
 		msg, err := m.DefaultMarshallerUnmarshaller.Unmarshal(values)
 		if err == nil {
-			adoptForeign(msg, attrs)
+			brokerio.AdoptForeign(msg, attrs)
 		}
 		return msg, err
 	}
@@ -117,9 +122,13 @@ func (m redisMarshaller) Unmarshal(values map[string]interface{}) (*message.Mess
 		payload = field("data")
 	}
 	msg := message.NewMessage("", []byte(payload))
-	adoptForeign(msg, attrs)
+	brokerio.AdoptForeign(msg, attrs)
 	if msg.UUID == "" {
 		return nil, fmt.Errorf("stream entry has neither %s nor ce_id: it cannot be deduplicated", redisstream.UUIDHeaderKey)
 	}
 	return msg, nil
+}
+
+func init() {
+	backends.Register(open, "redis://host:6379/0 (Redis Streams)", "redis", "rediss")
 }

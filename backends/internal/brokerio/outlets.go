@@ -1,4 +1,4 @@
-package backends
+package brokerio
 
 import (
 	"context"
@@ -7,33 +7,33 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 )
 
-// outlets hands each subscription out through a channel of its own, so that a subscriber's Close
+// Outlets hands each subscription out through a channel of its own, so that a subscriber's Close
 // returns only once every channel it handed out is closed - Watermill's Subscriber contract, on
 // which a router draining its channels after Close relies. Messages pass one by one, unbuffered:
 // acks and nacks reach the library's own message unchanged. The zero value is ready to use.
-type outlets struct {
+type Outlets struct {
 	// transform, when set, is applied to each message before it is handed out.
-	transform func(*message.Message)
+	Transform func(*message.Message)
 
 	once, closeOnce sync.Once
 	closing         chan struct{}
 	wg              sync.WaitGroup
 }
 
-func (r *outlets) init() { r.once.Do(func() { r.closing = make(chan struct{}) }) }
+func (r *Outlets) init() { r.once.Do(func() { r.closing = make(chan struct{}) }) }
 
 // outlet returns a channel that carries in's messages and is closed when in is, when ctx ends, or
 // when close is called.
-func (r *outlets) outlet(ctx context.Context, in <-chan *message.Message) <-chan *message.Message {
+func (r *Outlets) Outlet(ctx context.Context, in <-chan *message.Message) <-chan *message.Message {
 	pending := make(chan (<-chan *message.Message), 1)
 	pending <- in
 	close(pending)
-	return r.outletLater(ctx, pending)
+	return r.OutletLater(ctx, pending)
 }
 
 // outletLater is outlet for a subscription made later: it carries the messages of the channel that
 // arrives on pending, and closes when pending closes empty, ctx ends, or close is called.
-func (r *outlets) outletLater(ctx context.Context, pending <-chan (<-chan *message.Message)) <-chan *message.Message {
+func (r *Outlets) OutletLater(ctx context.Context, pending <-chan (<-chan *message.Message)) <-chan *message.Message {
 	r.init()
 	out := make(chan *message.Message)
 	r.wg.Add(1)
@@ -53,8 +53,8 @@ func (r *outlets) outletLater(ctx context.Context, pending <-chan (<-chan *messa
 			return
 		}
 		for msg := range in {
-			if r.transform != nil {
-				r.transform(msg)
+			if r.Transform != nil {
+				r.Transform(msg)
 			}
 			select {
 			case out <- msg:
@@ -70,11 +70,11 @@ func (r *outlets) outletLater(ctx context.Context, pending <-chan (<-chan *messa
 	return out
 }
 
-func (r *outlets) closingCh() <-chan struct{} { r.init(); return r.closing }
+func (r *Outlets) Closing() <-chan struct{} { r.init(); return r.closing }
 
-func (r *outlets) isClosing() bool {
+func (r *Outlets) IsClosing() bool {
 	select {
-	case <-r.closingCh():
+	case <-r.Closing():
 		return true
 	default:
 		return false
@@ -83,7 +83,7 @@ func (r *outlets) isClosing() bool {
 
 // close stops handing messages out, closes the library's subscriber and waits until every
 // channel from relay is closed.
-func (r *outlets) close(closeInner func() error) error {
+func (r *Outlets) Close(closeInner func() error) error {
 	r.init()
 	r.closeOnce.Do(func() { close(r.closing) })
 	err := closeInner()

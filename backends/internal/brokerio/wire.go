@@ -1,4 +1,7 @@
-package backends
+// Package brokerio holds what the broker packages share: the CloudEvents wire format, the
+// subscription outlets and the retrying subscriber, and the publisher wrappers that classify
+// errors, bound a publish by its context and connect on first use. It imports no broker client.
+package brokerio
 
 import (
 	"strings"
@@ -7,39 +10,36 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends"
 )
-
-// DefaultCloudEventsSource is the CloudEvents source attribute unless Options.CloudEventsSource
-// names another.
-const DefaultCloudEventsSource = "/outboxkit"
 
 // Prefixes of CloudEvents attributes in each protocol binding's binary content mode.
 const (
-	cePrefixKafka = "ce_"          // Kafka binding: headers; datacontenttype is the content-type header
-	cePrefixAMQP  = "cloudEvents:" // AMQP binding: application properties; datacontenttype is content-type
-	cePrefixNATS  = "ce-"          // NATS binding: headers; datacontenttype is the content-type header
-	cePrefixOther = "ce_"          // no binding (Redis Streams fields, a watermill-sql topic's metadata): Kafka's names
-	ceContentType = "content-type"
+	CEPrefixKafka = "ce_"          // Kafka binding: headers; datacontenttype is the content-type header
+	CEPrefixAMQP  = "cloudEvents:" // AMQP binding: application properties; datacontenttype is content-type
+	CEPrefixNATS  = "ce-"          // NATS binding: headers; datacontenttype is the content-type header
+	CEPrefixOther = "ce_"          // no binding (Redis Streams fields, a watermill-sql topic's metadata): Kafka's names
+	CEContentType = "content-type"
 )
 
-// wireFormat is what outboxkit puts on the wire beside Watermill's own format, and how it reads
+// Wire is what outboxkit puts on the wire beside Watermill's own format, and how it reads
 // messages that other producers wrote.
-type wireFormat struct {
-	cloudEvents bool
+type Wire struct {
+	CloudEvents bool
 	source      string
 	contentType string // for messages whose metadata names none
 }
 
-func newWireFormat(o Options) wireFormat {
-	w := wireFormat{cloudEvents: o.CloudEvents, source: o.CloudEventsSource, contentType: o.ContentType}
+func NewWire(o backends.Options) Wire {
+	w := Wire{CloudEvents: o.CloudEvents, source: o.CloudEventsSource, contentType: o.ContentType}
 	if w.source == "" {
-		w.source = DefaultCloudEventsSource
+		w.source = backends.DefaultCloudEventsSource
 	}
 	return w
 }
 
 // messageContentType is the message's content type: its metadata's, else the configured default.
-func (w wireFormat) messageContentType(msg *message.Message) string {
+func (w Wire) MessageContentType(msg *message.Message) string {
 	if ct := msg.Metadata.Get(outboxkit.MetadataContentType); ct != "" {
 		return ct
 	}
@@ -49,8 +49,8 @@ func (w wireFormat) messageContentType(msg *message.Message) string {
 // ceAttributes returns msg's CloudEvents context attributes, by name (without a binding's prefix),
 // datacontenttype included; nil unless CloudEvents is on. The type is the event type, or the topic
 // for a message without one (the attribute is required).
-func (w wireFormat) ceAttributes(topic string, msg *message.Message) map[string]string {
-	if !w.cloudEvents {
+func (w Wire) CEAttributes(topic string, msg *message.Message) map[string]string {
+	if !w.CloudEvents {
 		return nil
 	}
 	attrs := map[string]string{"specversion": "1.0", "id": msg.UUID, "source": w.source, "type": outboxkit.EventType(msg)}
@@ -68,7 +68,7 @@ func (w wireFormat) ceAttributes(topic string, msg *message.Message) map[string]
 			attrs[k] = v
 		}
 	}
-	if ct := w.messageContentType(msg); ct != "" {
+	if ct := w.MessageContentType(msg); ct != "" {
 		attrs["datacontenttype"] = ct
 	}
 	return attrs
@@ -77,8 +77,8 @@ func (w wireFormat) ceAttributes(topic string, msg *message.Message) map[string]
 // withCloudEvents returns a copy of msg whose metadata also carries its CloudEvents attributes
 // under prefix (and datacontenttype under contentTypeKey when that is not ""), for bindings whose
 // marshalers write metadata as headers or fields. msg itself is unchanged.
-func (w wireFormat) withCloudEvents(topic string, msg *message.Message, prefix, contentTypeKey string) *message.Message {
-	attrs := w.ceAttributes(topic, msg)
+func (w Wire) WithCloudEvents(topic string, msg *message.Message, prefix, contentTypeKey string) *message.Message {
+	attrs := w.CEAttributes(topic, msg)
 	if attrs == nil {
 		return msg
 	}
@@ -94,12 +94,12 @@ func (w wireFormat) withCloudEvents(topic string, msg *message.Message, prefix, 
 	return c
 }
 
-// adoptForeign completes a message another producer wrote — a CloudEvent in a binding's binary
+// AdoptForeign completes a message another producer wrote — a CloudEvent in a binding's binary
 // mode, or a plain broker message — from what it carries: get returns a CloudEvents attribute by
 // name ("" when absent). A message without Watermill's UUID takes the event's id; the event type,
 // partition key, time, content type and trace context fill in outboxkit's metadata where it has
 // none. A message of outboxkit's own format is left as it is.
-func adoptForeign(msg *message.Message, get func(name string) string) {
+func AdoptForeign(msg *message.Message, get func(name string) string) {
 	if msg.UUID == "" {
 		msg.UUID = get("id")
 	}
@@ -121,9 +121,9 @@ func adoptForeign(msg *message.Message, get func(name string) string) {
 	fill("tracestate", get("tracestate"))
 }
 
-// metadataAttrs reads CloudEvents attributes from metadata written under prefix (datacontenttype
+// MetadataAttrs reads CloudEvents attributes from metadata written under prefix (datacontenttype
 // under contentTypeKey when that is not "").
-func metadataAttrs(md message.Metadata, prefix, contentTypeKey string) func(string) string {
+func MetadataAttrs(md message.Metadata, prefix, contentTypeKey string) func(string) string {
 	return func(name string) string {
 		if name == "datacontenttype" && contentTypeKey != "" {
 			if v := md.Get(contentTypeKey); v != "" {
@@ -143,20 +143,20 @@ func metadataAttrs(md message.Metadata, prefix, contentTypeKey string) func(stri
 	}
 }
 
-// metadataFormat is the wire format of backends without a CloudEvents binding (a watermill-sql
+// MetadataFormat is the wire format of backends without a CloudEvents binding (a watermill-sql
 // topic, the in-memory bus): the attributes travel as ce_* metadata.
-type metadataFormat struct {
+type MetadataFormat struct {
 	message.Publisher
-	wire wireFormat
+	Wire Wire
 }
 
-func (p metadataFormat) Publish(topic string, msgs ...*message.Message) error {
-	if !p.wire.cloudEvents {
+func (p MetadataFormat) Publish(topic string, msgs ...*message.Message) error {
+	if !p.Wire.CloudEvents {
 		return p.Publisher.Publish(topic, msgs...)
 	}
 	out := make([]*message.Message, len(msgs))
 	for i, m := range msgs {
-		out[i] = p.wire.withCloudEvents(topic, m, cePrefixOther, "")
+		out[i] = p.Wire.WithCloudEvents(topic, m, CEPrefixOther, "")
 	}
 	return p.Publisher.Publish(topic, out...)
 }

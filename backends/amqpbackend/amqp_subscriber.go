@@ -1,4 +1,4 @@
-package backends
+package amqpbackend
 
 import (
 	"context"
@@ -13,10 +13,11 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
 )
 
-// AMQPSubscriberConfig configures a consumer group on RabbitMQ.
-type AMQPSubscriberConfig struct {
+// SubscriberConfig configures a consumer group on RabbitMQ.
+type SubscriberConfig struct {
 	// URL is the broker. Required.
 	URL string
 	// ConsumerGroup names the consumer (Shipping, Billing…). Each group has its own durable queue,
@@ -44,9 +45,9 @@ type AMQPSubscriberConfig struct {
 	Logger watermill.LoggerAdapter
 }
 
-// NewAMQPSubscriber builds a subscriber for one consumer group: the topology of watermill-amqp's
+// NewSubscriber builds a subscriber for one consumer group: the topology of watermill-amqp's
 // NewDurablePubSubConfig (a durable fanout exchange per topic, a durable queue per topic and group),
-// manual acknowledgements, and watermill-amqp's message format, so it reads what AMQPPublisher and
+// manual acknowledgements, and watermill-amqp's message format, so it reads what Publisher and
 // watermill-amqp's publisher write. A nacked message is requeued and delivered again; so is one in
 // flight when its subscription ends. Headers RabbitMQ adds that are not strings (x-delivery-count on
 // quorum queues, x-death after dead-lettering) are turned into strings instead of failing the whole
@@ -55,12 +56,12 @@ type AMQPSubscriberConfig struct {
 // It replaces watermill-amqp's subscriber, whose connection wrapper reassigns its state while
 // reconnecting without synchronisation (a data race on every broker blip, reported upstream as
 // ThreeDotsLabs/watermill#693) and whose Close dereferences a nil logger.
-func NewAMQPSubscriber(cfg AMQPSubscriberConfig) (*AMQPSubscriber, error) {
+func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("amqp subscriber: URL is required, e.g. amqp://guest:guest@127.0.0.1:5672/")
 	}
 	if _, err := amqp.ParseURI(cfg.URL); err != nil {
-		return nil, fmt.Errorf("amqp subscriber: URL %q: %w (want amqp://user:pass@host:5672/vhost)", redact(cfg.URL), err)
+		return nil, fmt.Errorf("amqp subscriber: URL %q: %w (want amqp://user:pass@host:5672/vhost)", brokerio.Redact(cfg.URL), err)
 	}
 	if cfg.ConsumerGroup == "" {
 		return nil, errors.New("amqp subscriber: ConsumerGroup is required: name the consuming service (e.g. \"shipping\")")
@@ -90,16 +91,16 @@ func NewAMQPSubscriber(cfg AMQPSubscriberConfig) (*AMQPSubscriber, error) {
 	if err := cfg.Reconnect.Validate("Reconnect"); err != nil {
 		return nil, fmt.Errorf("amqp subscriber: %w", err)
 	}
-	return &AMQPSubscriber{
+	return &Subscriber{
 		cfg:       cfg,
 		marshaler: wamqp.DefaultMarshaler{PreprocessDelivery: stringifyHeaders},
 		closing:   make(chan struct{}),
 	}, nil
 }
 
-// AMQPSubscriber is a consumer group's subscriber on RabbitMQ; see NewAMQPSubscriber.
-type AMQPSubscriber struct {
-	cfg       AMQPSubscriberConfig
+// Subscriber is a consumer group's subscriber on RabbitMQ; see NewSubscriber.
+type Subscriber struct {
+	cfg       SubscriberConfig
 	marshaler wamqp.DefaultMarshaler
 
 	mu      sync.Mutex
@@ -110,7 +111,7 @@ type AMQPSubscriber struct {
 }
 
 // connection returns the live connection, dialing when there is none.
-func (s *AMQPSubscriber) connection() (*amqp.Connection, error) {
+func (s *Subscriber) connection() (*amqp.Connection, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -125,14 +126,14 @@ func (s *AMQPSubscriber) connection() (*amqp.Connection, error) {
 		Dial:       amqp.DefaultDial(s.cfg.DialTimeout),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", redact(s.cfg.URL), err)
+		return nil, fmt.Errorf("connect to %s: %w", brokerio.Redact(s.cfg.URL), err)
 	}
 	s.conn = conn
 	return conn, nil
 }
 
 // declare makes the topic's exchange and the group's queue, bound, on ch.
-func (s *AMQPSubscriber) declare(ch *amqp.Channel, topic string) (string, error) {
+func (s *Subscriber) declare(ch *amqp.Channel, topic string) (string, error) {
 	if err := ch.ExchangeDeclare(topic, "fanout", true, false, false, false, nil); err != nil {
 		return "", fmt.Errorf("declare exchange %s: %w", topic, err)
 	}
@@ -141,7 +142,7 @@ func (s *AMQPSubscriber) declare(ch *amqp.Channel, topic string) (string, error)
 
 // SubscribeInitialize declares the topic's exchange and the group's queue, so that messages
 // published before the first Subscribe are kept for the group.
-func (s *AMQPSubscriber) SubscribeInitialize(topic string) error {
+func (s *Subscriber) SubscribeInitialize(topic string) error {
 	conn, err := s.connection()
 	if err != nil {
 		return fmt.Errorf("amqp subscriber: %w", err)
@@ -156,7 +157,7 @@ func (s *AMQPSubscriber) SubscribeInitialize(topic string) error {
 }
 
 // consume opens a channel with its prefetch and starts consuming the group's queue.
-func (s *AMQPSubscriber) consume(topic string) (*amqp.Channel, <-chan amqp.Delivery, error) {
+func (s *Subscriber) consume(topic string) (*amqp.Channel, <-chan amqp.Delivery, error) {
 	conn, err := s.connection()
 	if err != nil {
 		return nil, nil, err
@@ -182,7 +183,7 @@ func (s *AMQPSubscriber) consume(topic string) (*amqp.Channel, <-chan amqp.Deliv
 
 // Subscribe declares the queue and starts consuming before it returns, so a message published
 // after it is delivered. The channel closes when ctx ends or the subscriber is closed.
-func (s *AMQPSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
@@ -216,7 +217,7 @@ func (s *AMQPSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 
 // forward hands deliveries to the consumer, up to Unacked at a time, until the subscription ends
 // or the channel is lost.
-func (s *AMQPSubscriber) forward(ctx context.Context, deliveries <-chan amqp.Delivery, out chan<- *message.Message,
+func (s *Subscriber) forward(ctx context.Context, deliveries <-chan amqp.Delivery, out chan<- *message.Message,
 	window chan struct{}, fields watermill.LogFields) {
 	for {
 		select {
@@ -253,7 +254,7 @@ func (s *AMQPSubscriber) forward(ctx context.Context, deliveries <-chan amqp.Del
 // handOut hands one delivery over without waiting for its settlement, which a goroutine of its
 // own sends to the broker when the consumer acks or nacks (requeue when the subscription ends
 // first) and then frees the delivery's slot in the window. False when the subscription ended.
-func (s *AMQPSubscriber) handOut(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, window chan struct{},
+func (s *Subscriber) handOut(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, window chan struct{},
 	fields watermill.LogFields) bool {
 	msg, err := s.unmarshal(d)
 	if err != nil {
@@ -289,7 +290,7 @@ func (s *AMQPSubscriber) handOut(ctx context.Context, d amqp.Delivery, out chan<
 
 // settle waits for the consumer's verdict on msg and sends it to the broker: ack on Ack, requeue
 // on Nack or when the subscription ends first. False when the subscription ended.
-func (s *AMQPSubscriber) settle(ctx context.Context, d amqp.Delivery, msg *message.Message, fields watermill.LogFields) bool {
+func (s *Subscriber) settle(ctx context.Context, d amqp.Delivery, msg *message.Message, fields watermill.LogFields) bool {
 	select {
 	case <-msg.Acked():
 		if err := d.Ack(false); err != nil {
@@ -311,7 +312,7 @@ func (s *AMQPSubscriber) settle(ctx context.Context, d amqp.Delivery, msg *messa
 
 // deliver hands one delivery over and settles it: ack on Ack, requeue on Nack or when the
 // subscription ends first. False when the subscription ended.
-func (s *AMQPSubscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, fields watermill.LogFields) bool {
+func (s *Subscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, fields watermill.LogFields) bool {
 	msg, err := s.unmarshal(d)
 	if err != nil {
 		// The wire format is broken beyond what a handler can see: requeueing would loop forever,
@@ -339,7 +340,7 @@ func (s *AMQPSubscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<
 // Watermill's UUID header the AMQP message_id (or the CloudEvents id) is the UUID, and the type,
 // content_type and timestamp properties and the cloudEvents:* application properties fill in the
 // event type, content type, creation time, partition key and trace context.
-func (s *AMQPSubscriber) unmarshal(d amqp.Delivery) (*message.Message, error) {
+func (s *Subscriber) unmarshal(d amqp.Delivery) (*message.Message, error) {
 	msg, err := s.marshaler.Unmarshal(d)
 	if err != nil {
 		return nil, err
@@ -347,8 +348,8 @@ func (s *AMQPSubscriber) unmarshal(d amqp.Delivery) (*message.Message, error) {
 	if msg.UUID == "" {
 		msg.UUID = d.MessageId
 	}
-	adoptForeign(msg, func(name string) string {
-		for _, prefix := range []string{cePrefixAMQP, "cloudEvents_"} { // binding 1.0.1+, and earlier
+	brokerio.AdoptForeign(msg, func(name string) string {
+		for _, prefix := range []string{brokerio.CEPrefixAMQP, "cloudEvents_"} { // binding 1.0.1+, and earlier
 			if v, ok := d.Headers[prefix+name]; ok {
 				return fmt.Sprint(v)
 			}
@@ -370,7 +371,7 @@ func (s *AMQPSubscriber) unmarshal(d amqp.Delivery) (*message.Message, error) {
 
 // reconnect waits, with backoff, until the topic can be consumed again. False when the
 // subscription ended first.
-func (s *AMQPSubscriber) reconnect(ctx context.Context, topic string, fields watermill.LogFields,
+func (s *Subscriber) reconnect(ctx context.Context, topic string, fields watermill.LogFields,
 	ch **amqp.Channel, deliveries *<-chan amqp.Delivery) bool {
 	for attempt := 1; ; attempt++ {
 		select {
@@ -400,7 +401,7 @@ func (s *AMQPSubscriber) reconnect(ctx context.Context, topic string, fields wat
 
 // Close ends every subscription (what they hold is requeued), waits for them and closes the
 // connection.
-func (s *AMQPSubscriber) Close() error {
+func (s *Subscriber) Close() error {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()

@@ -1,12 +1,12 @@
-// Package backends builds Watermill publishers and subscribers for each broker outboxkit relays
-// to, with the settings at-least-once delivery needs switched on.
-package backends
+// Package amqpbackend is outboxkit's RabbitMQ broker (AMQP 0-9-1): a publisher with pipelined
+// publisher confirms, mandatory routing and per-consumer-group queues, and a subscriber that hands
+// the batch consumer runs of messages. It registers amqp:// and amqps:// with backends.Open.
+package amqpbackend
 
 import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"strings"
 	"sync"
 	"time"
@@ -17,12 +17,14 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
 )
 
-// AMQPConfig configures the RabbitMQ publisher. Topics map to durable fanout exchanges of the same
+// PublisherConfig configures the RabbitMQ publisher. Topics map to durable fanout exchanges of the same
 // name, as watermill-amqp's NewDurablePubSubConfig does, so watermill-amqp subscribers (see
-// NewAMQPSubscriber) read what it publishes.
-type AMQPConfig struct {
+// NewSubscriber) read what it publishes.
+type PublisherConfig struct {
 	// URL is the broker, e.g. amqp://guest:guest@127.0.0.1:5672/. Required.
 	URL string
 	// Channels is the number of confirm-mode channels concurrent publishes are spread over. Each
@@ -39,7 +41,7 @@ type AMQPConfig struct {
 	// yet misses, silently, everything published before it first subscribes. Default: none.
 	ConsumerGroups map[string][]string
 	// QuorumQueues declares those queues as quorum queues; it must match the subscribers'
-	// AMQPSubscriberConfig.QuorumQueues. Default false.
+	// SubscriberConfig.QuorumQueues. Default false.
 	QuorumQueues bool
 	// ContentType is the content_type property of messages whose metadata names none
 	// (outboxkit.MetadataContentType). Default: none.
@@ -48,7 +50,7 @@ type AMQPConfig struct {
 	// properties (the AMQP binding's binary mode), for consumers using a CloudEvents SDK.
 	// Default false.
 	CloudEvents bool
-	// CloudEventsSource is the source attribute. Default DefaultCloudEventsSource.
+	// CloudEventsSource is the source attribute. Default backends.DefaultCloudEventsSource.
 	CloudEventsSource string
 	// Logger receives connection events. Default: none.
 	Logger watermill.LoggerAdapter
@@ -58,7 +60,7 @@ type AMQPConfig struct {
 // nothing is bound to the topic's exchange. The message was not stored anywhere.
 var ErrUnroutable = errors.New("unroutable: no queue is bound to the exchange")
 
-// AMQPPublisher publishes to RabbitMQ with publisher confirms: Publish returns only after the
+// Publisher publishes to RabbitMQ with publisher confirms: Publish returns only after the
 // broker has confirmed every message, persistent, to durable queues. It is safe for concurrent use,
 // and concurrent calls are pipelined: they share a few channels, each call waiting only for the
 // confirms of its own messages. Messages of one call are published in order on one channel.
@@ -77,10 +79,10 @@ var ErrUnroutable = errors.New("unroutable: no queue is bound to the exchange")
 // channel pool loses a channel whenever reopening one fails mid-outage (until Publish blocks for
 // good), and with one confirm in flight per channel the broker caps it near 12k msg/s on a
 // machine where pipelined confirms reach 27k.
-type AMQPPublisher struct {
-	cfg       AMQPConfig
+type Publisher struct {
+	cfg       PublisherConfig
 	marshaler wamqp.DefaultMarshaler
-	wire      wireFormat
+	wire      brokerio.Wire
 
 	mu       sync.Mutex
 	conn     *amqp.Connection
@@ -106,15 +108,15 @@ type sharedChannel struct {
 	closeErr *amqp.Error
 }
 
-// NewAMQPPublisher builds the publisher. A malformed URL fails here; the connection is made on the
+// NewPublisher builds the publisher. A malformed URL fails here; the connection is made on the
 // first Publish (an unreachable broker is then a transport error, and the forwarder's circuit
 // waits for it), so a process starts while its broker is down.
-func NewAMQPPublisher(cfg AMQPConfig) (*AMQPPublisher, error) {
+func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.URL == "" {
 		return nil, errors.New("amqp publisher: URL is required, e.g. amqp://guest:guest@127.0.0.1:5672/")
 	}
 	if _, err := amqp.ParseURI(cfg.URL); err != nil {
-		return nil, fmt.Errorf("amqp publisher: URL %q: %w (want amqp://user:pass@host:5672/vhost)", redact(cfg.URL), err)
+		return nil, fmt.Errorf("amqp publisher: URL %q: %w (want amqp://user:pass@host:5672/vhost)", brokerio.Redact(cfg.URL), err)
 	}
 	if cfg.Channels == 0 {
 		cfg.Channels = 4
@@ -138,14 +140,14 @@ func NewAMQPPublisher(cfg AMQPConfig) (*AMQPPublisher, error) {
 			}
 		}
 	}
-	wire := newWireFormat(Options{CloudEvents: cfg.CloudEvents, CloudEventsSource: cfg.CloudEventsSource, ContentType: cfg.ContentType})
-	return &AMQPPublisher{cfg: cfg, wire: wire, slots: make([]*sharedChannel, cfg.Channels)}, nil
+	wire := brokerio.NewWire(backends.Options{CloudEvents: cfg.CloudEvents, CloudEventsSource: cfg.CloudEventsSource, ContentType: cfg.ContentType})
+	return &Publisher{cfg: cfg, wire: wire, slots: make([]*sharedChannel, cfg.Channels)}, nil
 }
 
 // Publish sends the messages to the exchange named topic and waits for the broker's confirms,
 // bounded by the first message's context. On error, some messages of the call may have been
 // published: the caller retries them, and consumers deduplicate on the UUID.
-func (p *AMQPPublisher) Publish(topic string, msgs ...*message.Message) error {
+func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -205,18 +207,18 @@ func (p *AMQPPublisher) Publish(topic string, msgs ...*message.Message) error {
 
 // properties sets the AMQP properties other clients read: message_id, type, content_type,
 // timestamp, and the CloudEvents application properties when asked for.
-func (p *AMQPPublisher) properties(topic string, msg *message.Message, pub *amqp.Publishing) {
+func (p *Publisher) properties(topic string, msg *message.Message, pub *amqp.Publishing) {
 	pub.MessageId = msg.UUID
 	pub.DeliveryMode = amqp.Persistent
 	pub.Type = outboxkit.EventType(msg)
-	pub.ContentType = p.wire.messageContentType(msg)
+	pub.ContentType = p.wire.MessageContentType(msg)
 	pub.Timestamp = time.Now()
 	if created, ok := outboxkit.CreatedAt(msg); ok {
 		pub.Timestamp = created
 	}
-	for name, v := range p.wire.ceAttributes(topic, msg) {
+	for name, v := range p.wire.CEAttributes(topic, msg) {
 		if name != "datacontenttype" { // the binding carries it as content_type
-			pub.Headers[cePrefixAMQP+name] = v
+			pub.Headers[brokerio.CEPrefixAMQP+name] = v
 		}
 	}
 }
@@ -304,13 +306,13 @@ func (sc *sharedChannel) aloneUnconfirmed(tag uint64) bool {
 
 // connection returns the live connection, dialing when there is none. After a failed dial it
 // fails fast for a second instead of queueing every caller behind another dial timeout.
-func (p *AMQPPublisher) connection() (*amqp.Connection, uint64, error) {
+func (p *Publisher) connection() (*amqp.Connection, uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.connectionLocked()
 }
 
-func (p *AMQPPublisher) connectionLocked() (*amqp.Connection, uint64, error) {
+func (p *Publisher) connectionLocked() (*amqp.Connection, uint64, error) {
 	if p.closed {
 		return nil, 0, errors.New("amqp publisher is closed")
 	}
@@ -327,7 +329,7 @@ func (p *AMQPPublisher) connectionLocked() (*amqp.Connection, uint64, error) {
 		Dial:       amqp.DefaultDial(p.cfg.DialTimeout),
 	})
 	if err != nil {
-		p.lastErr = fmt.Errorf("connect to %s: %w", redact(p.cfg.URL), err)
+		p.lastErr = fmt.Errorf("connect to %s: %w", brokerio.Redact(p.cfg.URL), err)
 		return nil, 0, p.lastErr
 	}
 	if p.conn != nil {
@@ -341,7 +343,7 @@ func (p *AMQPPublisher) connectionLocked() (*amqp.Connection, uint64, error) {
 
 // channel returns one of the shared channels, round robin, opening it when it is missing, closed,
 // or from an older connection.
-func (p *AMQPPublisher) channel(ctx context.Context) (*sharedChannel, error) {
+func (p *Publisher) channel(ctx context.Context) (*sharedChannel, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	conn, gen, err := p.connectionLocked()
@@ -384,7 +386,7 @@ func (p *AMQPPublisher) channel(ctx context.Context) (*sharedChannel, error) {
 // for it (ConsumerGroups), once per connection. It uses a channel of its own, so that a refused
 // declaration (the exchange exists with another type) closes that channel only, and is reported as
 // a message error: the topic is misconfigured, the broker is fine.
-func (p *AMQPPublisher) declare(ctx context.Context, exchange string) error {
+func (p *Publisher) declare(ctx context.Context, exchange string) error {
 	conn, gen, err := p.connection()
 	if err != nil {
 		return outboxkit.Transport(err)
@@ -404,7 +406,7 @@ func (p *AMQPPublisher) declare(ctx context.Context, exchange string) error {
 		if err := ch.ExchangeDeclare(exchange, "fanout", true, false, false, false, nil); err != nil {
 			return err
 		}
-		for _, group := range groupsOf(p.cfg.ConsumerGroups, exchange) {
+		for _, group := range brokerio.GroupsOf(p.cfg.ConsumerGroups, exchange) {
 			if _, err := declareGroupQueue(ch, exchange, group, p.cfg.QuorumQueues); err != nil {
 				return err
 			}
@@ -429,7 +431,7 @@ func (p *AMQPPublisher) declare(ctx context.Context, exchange string) error {
 // rpc runs a synchronous broker call (they take no context in amqp091) under ctx. When ctx ends
 // first, the connection is closed under a deadline, which makes the call return: nothing waits
 // beyond ctx for a broker that does not answer, and no goroutine outlives rpc.
-func (p *AMQPPublisher) rpc(ctx context.Context, conn *amqp.Connection, call func() error) error {
+func (p *Publisher) rpc(ctx context.Context, conn *amqp.Connection, call func() error) error {
 	done := make(chan error, 1)
 	go func() { done <- call() }()
 	select {
@@ -445,7 +447,7 @@ func (p *AMQPPublisher) rpc(ctx context.Context, conn *amqp.Connection, call fun
 }
 
 // dropConnection closes connection generation gen under a deadline, failing every publish on it.
-func (p *AMQPPublisher) dropConnection(gen uint64) {
+func (p *Publisher) dropConnection(gen uint64) {
 	p.mu.Lock()
 	conn := p.conn
 	current := gen == p.gen
@@ -456,7 +458,7 @@ func (p *AMQPPublisher) dropConnection(gen uint64) {
 }
 
 // Close closes the connection. Publishes in progress fail with a transport error.
-func (p *AMQPPublisher) Close() error {
+func (p *Publisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
@@ -478,17 +480,6 @@ func stringifyHeaders(d amqp.Delivery) amqp.Delivery {
 	return d
 }
 
-// redact hides the password of a URL for error messages.
-func redact(raw string) string {
-	if u, err := url.Parse(raw); err == nil && u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "***")
-			return strings.Replace(u.String(), "%2A%2A%2A", "***", 1)
-		}
-	}
-	return raw
-}
-
 // declareGroupQueue declares the durable queue of group for topic ("<topic>_<group>", the name
 // watermill-amqp's durable pub/sub gives it) and binds it to the topic's exchange.
 func declareGroupQueue(ch *amqp.Channel, topic, group string, quorum bool) (string, error) {
@@ -506,25 +497,29 @@ func declareGroupQueue(ch *amqp.Channel, topic, group string, quorum bool) (stri
 	return queue, nil
 }
 
-func openAMQP(rawURL string, opts Options) (*Backend, error) {
-	pub, err := NewAMQPPublisher(AMQPConfig{URL: rawURL, Logger: opts.Logger, ConsumerGroups: opts.ConsumerGroups,
+func open(ctx context.Context, rawURL string, opts backends.Options) (backends.Parts, error) {
+	pub, err := NewPublisher(PublisherConfig{URL: rawURL, Logger: opts.Logger, ConsumerGroups: opts.ConsumerGroups,
 		QuorumQueues: opts.QuorumQueues, ContentType: opts.ContentType, CloudEvents: opts.CloudEvents,
 		CloudEventsSource: opts.CloudEventsSource})
 	if err != nil {
-		return nil, err
+		return backends.Parts{}, err
 	}
 	lag := &amqpLag{url: rawURL}
-	return &Backend{
+	return backends.Parts{
 		Publisher: pub,
-		lag:       lag.read,
-		newSubscriber: func(group string) (Subscriber, error) {
-			sub, err := NewAMQPSubscriber(AMQPSubscriberConfig{URL: rawURL, ConsumerGroup: group, Prefetch: opts.Prefetch, Unacked: opts.Unacked,
+		Lag:       lag.read,
+		NewSubscriber: func(group string) (backends.Subscriber, error) {
+			sub, err := NewSubscriber(SubscriberConfig{URL: rawURL, ConsumerGroup: group, Prefetch: opts.Prefetch, Unacked: opts.Unacked,
 				QuorumQueues: opts.QuorumQueues, Logger: opts.Logger})
 			if err != nil {
 				return nil, err
 			}
-			return newRetryingSubscriber(sub, outboxkit.Transport, opts.Logger), nil
+			return brokerio.NewRetryingSubscriber(sub, outboxkit.Transport, opts.Logger), nil
 		},
-		closers: []func() error{pub.Close, lag.close},
+		Close: []func() error{pub.Close, lag.close},
 	}, nil
+}
+
+func init() {
+	backends.Register(open, "amqp://user:pass@host:5672/vhost (RabbitMQ)", "amqp", "amqps")
 }

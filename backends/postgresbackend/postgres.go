@@ -1,4 +1,7 @@
-package backends
+// Package postgresbackend uses a watermill-sql topic on Postgres as the broker, for teams without
+// one: the forwarder moves rows from the outbox into it, and stock watermill-sql clients can read
+// it. It registers postgres:// and postgresql:// with backends.Open.
+package postgresbackend
 
 import (
 	"context"
@@ -12,18 +15,20 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
 	"github.com/outboxkit/outboxkit/internal/pgerr"
 )
 
 // openPostgres uses a watermill-sql topic (default schema: ordered, consumer groups) as the broker,
 // for teams without one: the forwarder moves rows from the outbox into it.
-func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
+func open(ctx context.Context, rawURL string, opts backends.Options) (backends.Parts, error) {
 	if opts.PollInterval == 0 {
 		opts.PollInterval = 100 * time.Millisecond
 	}
 	cfg, err := pgxpool.ParseConfig(rawURL)
 	if err != nil {
-		return nil, err
+		return backends.Parts{}, err
 	}
 	if !strings.Contains(rawURL, "pool_max_conns") {
 		// Every subscription holds a connection for its polling transaction: pgxpool's default
@@ -32,7 +37,7 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg) // connects on first use
 	if err != nil {
-		return nil, err
+		return backends.Parts{}, err
 	}
 	name := pgTable
 	if opts.PostgresStockTableNames {
@@ -50,12 +55,12 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 	pub, err := wsql.NewPublisher(wsql.BeginnerFromPgx(pool), wsql.PublisherConfig{SchemaAdapter: adapter, AutoInitializeSchema: true}, opts.Logger)
 	if err != nil {
 		pool.Close()
-		return nil, err
+		return backends.Parts{}, err
 	}
-	return &Backend{
-		Publisher: classifyingPublisher{Publisher: metadataFormat{Publisher: pub, wire: newWireFormat(opts)}, classify: classifyPostgres},
-		lag:       postgresTopicLag(pool, adapter, offsets),
-		newSubscriber: func(group string) (Subscriber, error) {
+	return backends.Parts{
+		Publisher: brokerio.ClassifyingPublisher{Publisher: brokerio.MetadataFormat{Publisher: pub, Wire: brokerio.NewWire(opts)}, Classify: classifyPostgres},
+		Lag:       postgresTopicLag(pool, adapter, offsets),
+		NewSubscriber: func(group string) (backends.Subscriber, error) {
 			sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
 				ConsumerGroup: group, SchemaAdapter: adapter, OffsetsAdapter: offsets,
 				InitializeSchema: true, PollInterval: opts.PollInterval,
@@ -63,12 +68,12 @@ func openPostgres(ctx context.Context, rawURL string, opts Options) (*Backend, e
 			if err != nil {
 				return nil, err
 			}
-			// The retrying subscriber's outlets also make Close wait for every channel: v4.1.5's
+			// The retrying subscriber's brokerio.Outlets also make Close wait for every channel: v4.1.5's
 			// Close waits for its consume loops, but each loop signals done before its goroutine
 			// closes the channel, so Close could return with the channel still open.
-			return newRetryingSubscriber(sub, classifyPostgres, opts.Logger).readingForeign(), nil
+			return brokerio.NewRetryingSubscriber(sub, classifyPostgres, opts.Logger).ReadingForeign(), nil
 		},
-		closers: []func() error{pub.Close, func() error { pool.Close(); return nil }},
+		Close: []func() error{pub.Close, func() error { pool.Close(); return nil }},
 	}, nil
 }
 
@@ -120,7 +125,7 @@ $check$`
 }
 
 // pgStockTable names a topic's tables exactly as stock watermill-sql does, so that its stock clients
-// find them (Options.PostgresStockTableNames).
+// find them (backends.Options.PostgresStockTableNames).
 func pgStockTable(prefix, topic string) string {
 	return `"` + strings.ReplaceAll(prefix+topic, `"`, `""`) + `"`
 }
@@ -161,8 +166,8 @@ func classifyPostgres(err error) error {
 // the table's primary key — and the age of the first of them. A message being handled is not
 // acknowledged until its transaction commits, so it counts as waiting: there is no separate unacked
 // figure.
-func postgresTopicLag(pool *pgxpool.Pool, adapter pgTopicSchema, offsets wsql.DefaultPostgreSQLOffsetsAdapter) func(ctx context.Context, topic, group string) (Lag, error) {
-	return func(ctx context.Context, topic, group string) (Lag, error) {
+func postgresTopicLag(pool *pgxpool.Pool, adapter pgTopicSchema, offsets wsql.DefaultPostgreSQLOffsetsAdapter) func(ctx context.Context, topic, group string) (backends.Lag, error) {
+	return func(ctx context.Context, topic, group string) (backends.Lag, error) {
 		query := `SELECT count(*), EXTRACT(EPOCH FROM localtimestamp - min(m.created_at))::float8
 			FROM ` + adapter.MessagesTable(topic) + ` AS m
 			LEFT JOIN ` + offsets.MessagesOffsetsTable(topic) + ` AS o ON o.consumer_group = $1
@@ -172,12 +177,16 @@ func postgresTopicLag(pool *pgxpool.Pool, adapter pgTopicSchema, offsets wsql.De
 			age *float64
 		)
 		if err := pool.QueryRow(ctx, query, group).Scan(&n, &age); err != nil {
-			return Lag{}, classifyPostgres(err)
+			return backends.Lag{}, classifyPostgres(err)
 		}
-		l := Lag{Waiting: n}
+		l := backends.Lag{Waiting: n}
 		if age != nil {
 			l.OldestAge, l.HasAge = max(0, time.Duration(*age*float64(time.Second))), true
 		}
 		return l, nil
 	}
+}
+
+func init() {
+	backends.Register(open, "postgres://user@host:5432/db (a watermill-sql topic)", "postgres", "postgresql")
 }

@@ -1,9 +1,14 @@
-package backends
+// Package memorybackend is Watermill's in-process GoChannel as a broker, for demos and tests:
+// nothing survives the process. It registers memory:// with backends.Open.
+package memorybackend
 
 import (
 	"context"
 	"errors"
 	"sync"
+
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
@@ -14,19 +19,21 @@ import (
 // hands each message to each subscription in a goroutine of its own (its ordered mode makes a
 // publish wait for every subscription's ack, which stalls the relay behind the slowest consumer).
 // For demos and tests.
-func openMemory(rawURL string, opts Options) (*Backend, error) {
+func open(ctx context.Context, rawURL string, opts backends.Options) (backends.Parts, error) {
 	if rawURL != "memory://" {
-		return nil, errors.New("memory:// takes nothing after the scheme")
+		return backends.Parts{}, errors.New("memory:// takes nothing after the scheme")
 	}
 	bus := gochannel.NewGoChannel(gochannel.Config{Persistent: true, OutputChannelBuffer: 1024}, opts.Logger)
-	return &Backend{
-		Publisher: metadataFormat{Publisher: bus, wire: newWireFormat(opts)},
-		newSubscriber: func(string) (Subscriber, error) {
+	return backends.Parts{
+		Publisher: brokerio.MetadataFormat{Publisher: bus, Wire: brokerio.NewWire(opts)},
+		NewSubscriber: func(string) (backends.Subscriber, error) {
 			s := &memorySubscriber{bus: bus}
-			s.outlets.transform = func(msg *message.Message) { adoptForeign(msg, metadataAttrs(msg.Metadata, cePrefixOther, "")) }
+			s.outlets.Transform = func(msg *message.Message) {
+				brokerio.AdoptForeign(msg, brokerio.MetadataAttrs(msg.Metadata, brokerio.CEPrefixOther, ""))
+			}
 			return s, nil
 		},
-		closers: []func() error{bus.Close},
+		Close: []func() error{bus.Close},
 	}, nil
 }
 
@@ -37,7 +44,7 @@ type memorySubscriber struct {
 	mu      sync.Mutex
 	cancels []context.CancelFunc
 	closed  bool
-	outlets outlets // GoChannel closes a cancelled subscription's channel later, in a goroutine of its own
+	outlets brokerio.Outlets // GoChannel closes a cancelled subscription's channel later, in a goroutine of its own
 }
 
 func (s *memorySubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -52,7 +59,7 @@ func (s *memorySubscriber) Subscribe(ctx context.Context, topic string) (<-chan 
 	if err != nil {
 		return nil, err
 	}
-	return s.outlets.outlet(ctx, in), nil
+	return s.outlets.Outlet(ctx, in), nil
 }
 
 // SubscribeInitialize does nothing: the bus is persistent, a later subscription gets what was
@@ -60,7 +67,7 @@ func (s *memorySubscriber) Subscribe(ctx context.Context, topic string) (<-chan 
 func (s *memorySubscriber) SubscribeInitialize(string) error { return nil }
 
 func (s *memorySubscriber) Close() error {
-	return s.outlets.close(func() error {
+	return s.outlets.Close(func() error {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		s.closed = true
@@ -70,4 +77,8 @@ func (s *memorySubscriber) Close() error {
 		s.cancels = nil
 		return nil
 	})
+}
+
+func init() {
+	backends.Register(open, "memory:// (in-process, for demos and tests)", "memory")
 }

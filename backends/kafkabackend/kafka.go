@@ -1,4 +1,7 @@
-package backends
+// Package kafkabackend is outboxkit's Kafka broker: an idempotent producer keyed by partition key
+// (so one aggregate stays on one partition) and consumer groups reading from the oldest offset. It
+// registers kafka:// with backends.Open.
+package kafkabackend
 
 import (
 	"context"
@@ -17,6 +20,8 @@ import (
 	"github.com/eapache/go-resiliency/breaker"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
 )
 
 // kafkaKey keys each message by its partition key, so one aggregate stays on one partition, in
@@ -28,7 +33,7 @@ func kafkaKey(_ string, msg *message.Message) (string, error) {
 	return msg.UUID, nil
 }
 
-func openKafka(rawURL string, opts Options) (*Backend, error) {
+func open(ctx context.Context, rawURL string, opts backends.Options) (backends.Parts, error) {
 	hosts := strings.TrimPrefix(rawURL, "kafka://")
 	if i := strings.IndexAny(hosts, "/?"); i >= 0 {
 		hosts = hosts[:i]
@@ -37,15 +42,15 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 	for _, h := range strings.Split(hosts, ",") {
 		if h = strings.TrimSpace(h); h != "" {
 			if !strings.Contains(h, ":") {
-				return nil, fmt.Errorf("broker %q has no port: use kafka://host:9092[,host:9092]", h)
+				return backends.Parts{}, fmt.Errorf("broker %q has no port: use kafka://host:9092[,host:9092]", h)
 			}
 			brokers = append(brokers, h)
 		}
 	}
 	if len(brokers) == 0 {
-		return nil, errors.New("no broker address: use kafka://host:9092[,host:9092]")
+		return backends.Parts{}, errors.New("no broker address: use kafka://host:9092[,host:9092]")
 	}
-	marshaler := kafkaMarshaler{inner: kafka.NewWithPartitioningMarshaler(kafkaKey), wire: newWireFormat(opts)}
+	marshaler := kafkaMarshaler{inner: kafka.NewWithPartitioningMarshaler(kafkaKey), wire: brokerio.NewWire(opts)}
 
 	cfg := kafka.DefaultSaramaSyncPublisherConfig()
 	cfg.Producer.RequiredAcks = sarama.WaitForAll // every in-sync replica has the message
@@ -55,15 +60,15 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 	cfg.Version = kafkaVersion
 	// Sarama's producer dials when it is made: make it on the first publish, so a process starts
 	// while the cluster is down.
-	lazy := &lazyPublisher{build: func() (message.Publisher, error) {
+	lazy := &brokerio.LazyPublisher{Build: func() (message.Publisher, error) {
 		return kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: marshaler, OverwriteSaramaConfig: cfg}, opts.Logger)
 	}}
-	bounded := &boundedPublisher{Publisher: lazy, classify: classifyKafka}
+	bounded := &brokerio.BoundedPublisher{Publisher: lazy, Classify: classifyKafka}
 	klag := &kafkaLag{brokers: brokers}
-	return &Backend{
+	return backends.Parts{
 		Publisher: bounded,
-		lag:       klag.read,
-		newSubscriber: func(group string) (Subscriber, error) {
+		Lag:       klag.read,
+		NewSubscriber: func(group string) (backends.Subscriber, error) {
 			scfg := kafka.DefaultSaramaSubscriberConfig()
 			scfg.Consumer.Offsets.Initial = sarama.OffsetOldest // a new group reads what was published before it joined
 			kafkaGroupTimeouts(scfg)
@@ -75,9 +80,9 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 			if err != nil {
 				return nil, err
 			}
-			return newRetryingSubscriber(sub, classifyKafka, opts.Logger), nil
+			return brokerio.NewRetryingSubscriber(sub, classifyKafka, opts.Logger), nil
 		},
-		closers: []func() error{bounded.Close, klag.close},
+		Close: []func() error{bounded.Close, klag.close},
 	}, nil
 }
 
@@ -85,7 +90,7 @@ func openKafka(rawURL string, opts Options) (*Backend, error) {
 // binding's headers when asked for, and able to read a CloudEvent another producer wrote.
 type kafkaMarshaler struct {
 	inner kafka.MarshalerUnmarshaler
-	wire  wireFormat
+	wire  brokerio.Wire
 }
 
 func (m kafkaMarshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
@@ -93,10 +98,10 @@ func (m kafkaMarshaler) Marshal(topic string, msg *message.Message) (*sarama.Pro
 	if err != nil {
 		return nil, err
 	}
-	for name, v := range m.wire.ceAttributes(topic, msg) {
-		key := cePrefixKafka + name
+	for name, v := range m.wire.CEAttributes(topic, msg) {
+		key := brokerio.CEPrefixKafka + name
 		if name == "datacontenttype" {
-			key = ceContentType
+			key = brokerio.CEContentType
 		}
 		pm.Headers = append(pm.Headers, sarama.RecordHeader{Key: []byte(key), Value: []byte(v)})
 	}
@@ -109,8 +114,8 @@ func (m kafkaMarshaler) Unmarshal(cm *sarama.ConsumerMessage) (*message.Message,
 		return nil, err
 	}
 	foreign := msg.UUID == ""
-	attrs := metadataAttrs(msg.Metadata, cePrefixKafka, ceContentType)
-	adoptForeign(msg, func(name string) string {
+	attrs := brokerio.MetadataAttrs(msg.Metadata, brokerio.CEPrefixKafka, brokerio.CEContentType)
+	brokerio.AdoptForeign(msg, func(name string) string {
 		if v := attrs(name); v != "" || name != "partitionkey" || !foreign {
 			return v
 		}
@@ -173,4 +178,8 @@ func classifyKafka(err error) error {
 		return outboxkit.Transport(err)
 	}
 	return err
+}
+
+func init() {
+	backends.Register(open, "kafka://host:9092[,host:9092] (Kafka)", "kafka")
 }

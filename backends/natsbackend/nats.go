@@ -1,4 +1,7 @@
-package backends
+// Package natsbackend is outboxkit's NATS JetStream broker: a stream per topic with duplicate
+// detection by message id, a durable consumer per consumer group. It registers nats:// and tls://
+// with backends.Open.
+package natsbackend
 
 import (
 	"context"
@@ -16,6 +19,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
 )
 
 // natsStream names the stream of a topic: stream names cannot hold '.', which topics often do.
@@ -28,7 +33,7 @@ func natsStream(topic string) string {
 // are kept alive with in-progress acks, so a slow handler is never redelivered behind its back.
 const DefaultNATSAckWait = 10 * time.Second
 
-func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
+func open(ctx context.Context, rawURL string, opts backends.Options) (backends.Parts, error) {
 	if opts.DuplicateWindow == 0 {
 		opts.DuplicateWindow = 2 * time.Minute
 	}
@@ -36,7 +41,7 @@ func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error
 		opts.AckWait = DefaultNATSAckWait
 	}
 	if opts.Prefetch == 0 {
-		opts.Prefetch = DefaultPrefetch
+		opts.Prefetch = backends.DefaultPrefetch
 	}
 	// A connection that cannot be made at once keeps trying in the background (as a lost one
 	// does): a process starts while its broker is down.
@@ -52,7 +57,7 @@ func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error
 			Retention: jetstream.LimitsPolicy, Duplicates: opts.DuplicateWindow,
 		}
 	}
-	pub := &natsPublisher{wire: newWireFormat(opts), connect: func() (jetstream.JetStream, error) {
+	pub := &natsPublisher{wire: brokerio.NewWire(opts), connect: func() (jetstream.JetStream, error) {
 		nc, err := connect("outboxkit-publisher")
 		if err != nil {
 			return nil, err
@@ -60,10 +65,10 @@ func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error
 		return jetstream.New(nc)
 	}, streamConfig: streamConfig, ensured: map[string]bool{}}
 	lag := &natsLag{connect: connect}
-	return &Backend{
+	return backends.Parts{
 		Publisher: pub,
-		lag:       lag.read,
-		newSubscriber: func(group string) (Subscriber, error) {
+		Lag:       lag.read,
+		NewSubscriber: func(group string) (backends.Subscriber, error) {
 			conn, err := connect("outboxkit-" + group)
 			if err != nil {
 				return nil, err
@@ -75,9 +80,9 @@ func openNATS(ctx context.Context, rawURL string, opts Options) (*Backend, error
 			}
 			sub := &natsSubscriber{conn: conn, js: js, group: group, streamConfig: streamConfig, ackWait: opts.AckWait,
 				batch: opts.Prefetch, logger: opts.Logger, closing: make(chan struct{})}
-			return newRetryingSubscriber(sub, classifyNATS, opts.Logger), nil
+			return brokerio.NewRetryingSubscriber(sub, classifyNATS, opts.Logger), nil
 		},
-		closers: []func() error{pub.Close, lag.close},
+		Close: []func() error{pub.Close, lag.close},
 	}, nil
 }
 
@@ -260,7 +265,7 @@ func (s *natsSubscriber) deliver(ctx context.Context, jm jetstream.Msg, out chan
 		return true
 	}
 	// A message another producer wrote: its CloudEvents id, or its JetStream message id.
-	adoptForeign(msg, metadataAttrs(msg.Metadata, cePrefixNATS, ceContentType))
+	brokerio.AdoptForeign(msg, brokerio.MetadataAttrs(msg.Metadata, brokerio.CEPrefixNATS, brokerio.CEContentType))
 	if msg.UUID == "" {
 		msg.UUID = jm.Headers().Get(nats.MsgIdHdr)
 	}
@@ -353,7 +358,7 @@ func (s *natsSubscriber) Close() error {
 // the same (its NATSMarshaler), so watermill-nats subscribers read what this publishes.
 type natsPublisher struct {
 	connect      func() (jetstream.JetStream, error) // on the first Publish
-	wire         wireFormat
+	wire         brokerio.Wire
 	streamConfig func(string) jetstream.StreamConfig
 	marshaler    wmnats.NATSMarshaler
 	mu           sync.Mutex
@@ -407,11 +412,11 @@ func (p *natsPublisher) Publish(topic string, msgs ...*message.Message) error {
 			nm.Header = nats.Header{}
 		}
 		nm.Header.Set(nats.MsgIdHdr, outboxkit.BrokerDedupID(m))
-		for name, v := range p.wire.ceAttributes(topic, m) {
+		for name, v := range p.wire.CEAttributes(topic, m) {
 			if name == "datacontenttype" {
-				nm.Header.Set(ceContentType, v)
+				nm.Header.Set(brokerio.CEContentType, v)
 			} else {
-				nm.Header.Set(cePrefixNATS+name, v)
+				nm.Header.Set(brokerio.CEPrefixNATS+name, v)
 			}
 		}
 		ack, err := js.PublishMsg(m.Context(), nm)
@@ -446,4 +451,8 @@ func classifyNATS(err error) error {
 		}
 	}
 	return err
+}
+
+func init() {
+	backends.Register(open, "nats://host:4222 (NATS JetStream)", "nats", "tls")
 }

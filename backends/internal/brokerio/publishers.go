@@ -1,0 +1,142 @@
+package brokerio
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxkit/outboxkit"
+)
+
+// GroupsOf returns the consumer groups declared for topic, those of "*" included.
+func GroupsOf(consumerGroups map[string][]string, topic string) []string {
+	groups := append([]string(nil), consumerGroups["*"]...)
+	for _, g := range consumerGroups[topic] {
+		if !slices.Contains(groups, g) {
+			groups = append(groups, g)
+		}
+	}
+	return groups
+}
+
+// ClassifyingPublisher marks a publisher's errors as transport or message errors at the seam.
+type ClassifyingPublisher struct {
+	message.Publisher
+	Classify func(error) error
+}
+
+func (p ClassifyingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if err := p.Publisher.Publish(topic, msgs...); err != nil {
+		return p.Classify(err)
+	}
+	return nil
+}
+
+// BoundedPublisher returns from Publish when the first message's context ends, for clients whose
+// publish takes no context (Sarama's SyncProducer retries for as long as its own settings say,
+// tens of seconds into an outage, and the forwarder's pass would wait with it). The abandoned call
+// runs on until the client gives up; if it succeeds after all, the row is published again later
+// and the inbox absorbs the duplicate. Close waits for such calls, so none outlives it.
+type BoundedPublisher struct {
+	message.Publisher
+	Classify func(error) error
+	wg       sync.WaitGroup
+}
+
+func (p *BoundedPublisher) Publish(topic string, msgs ...*message.Message) error {
+	ctx := context.Background()
+	if len(msgs) > 0 {
+		ctx = msgs[0].Context()
+	}
+	if ctx.Done() == nil {
+		if err := p.Publisher.Publish(topic, msgs...); err != nil {
+			return p.Classify(err)
+		}
+		return nil
+	}
+	done := make(chan error, 1)
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		done <- p.Publisher.Publish(topic, msgs...)
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			return p.Classify(err)
+		}
+		return nil
+	case <-ctx.Done():
+		return outboxkit.Transport(fmt.Errorf("publish to %s not acknowledged before its deadline: %w", topic, context.Cause(ctx)))
+	}
+}
+
+func (p *BoundedPublisher) Close() error {
+	err := p.Publisher.Close()
+	p.wg.Wait()
+	return err
+}
+
+// LazyPublisher makes its publisher on the first Publish, and again on the next one after a
+// failure, for clients that connect when they are made.
+type LazyPublisher struct {
+	Build  func() (message.Publisher, error)
+	mu     sync.Mutex
+	inner  message.Publisher
+	closed bool
+}
+
+func (p *LazyPublisher) get() (message.Publisher, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil, errors.New("publisher is closed")
+	}
+	if p.inner == nil {
+		inner, err := p.Build()
+		if err != nil {
+			return nil, err
+		}
+		p.inner = inner
+	}
+	return p.inner, nil
+}
+
+func (p *LazyPublisher) Publish(topic string, msgs ...*message.Message) error {
+	inner, err := p.get()
+	if err != nil {
+		return err
+	}
+	return inner.Publish(topic, msgs...)
+}
+
+func (p *LazyPublisher) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	if p.inner != nil {
+		return p.inner.Close()
+	}
+	return nil
+}
+
+// Redact hides the password of a URL for error messages.
+func Redact(raw string) string {
+	if u, err := url.Parse(raw); err == nil && u.User != nil {
+		if _, has := u.User.Password(); has {
+			u.User = url.UserPassword(u.User.Username(), "***")
+			return strings.Replace(u.String(), "%2A%2A%2A", "***", 1)
+		}
+	}
+	return raw
+}
+
+// AgeOf is the age of something the broker stamped at t, never negative.
+func AgeOf(t time.Time) time.Duration { return max(0, time.Since(t)) }
