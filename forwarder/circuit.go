@@ -5,20 +5,21 @@ import (
 	"time"
 )
 
-// circuitState is exported as the forwarder_circuit_state gauge.
-type circuitState int
+// CircuitState is the state of the relay's broker circuit; its value is what the
+// outboxkit_forwarder_circuit_state gauge exports.
+type CircuitState int
 
 const (
-	circuitClosed   circuitState = 0 // publishing normally
-	circuitOpen     circuitState = 1 // broker unreachable: passes do nothing until the probe time
-	circuitHalfOpen circuitState = 2 // probe time reached: the next pass publishes one row
+	CircuitClosed   CircuitState = 0 // publishing normally
+	CircuitOpen     CircuitState = 1 // broker unreachable: passes do nothing until the probe time
+	CircuitHalfOpen CircuitState = 2 // probe time reached: the next pass publishes one row
 )
 
-func (s circuitState) String() string {
+func (s CircuitState) String() string {
 	switch s {
-	case circuitOpen:
+	case CircuitOpen:
 		return "open"
-	case circuitHalfOpen:
+	case CircuitHalfOpen:
 		return "half-open"
 	}
 	return "closed"
@@ -35,16 +36,16 @@ type circuit struct {
 	openUntil time.Time
 }
 
-func (c *circuit) state(now time.Time) (circuitState, time.Time) {
+func (c *circuit) state(now time.Time) (CircuitState, time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	switch {
 	case c.failures == 0:
-		return circuitClosed, time.Time{}
+		return CircuitClosed, time.Time{}
 	case now.Before(c.openUntil):
-		return circuitOpen, c.openUntil
+		return CircuitOpen, c.openUntil
 	default:
-		return circuitHalfOpen, c.openUntil
+		return CircuitHalfOpen, c.openUntil
 	}
 }
 

@@ -7,9 +7,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/store"
@@ -130,12 +129,13 @@ type Config struct {
 	// Logger receives the forwarder's logs. Default: none.
 	Logger watermill.LoggerAdapter
 
-	// Registerer receives the forwarder's Prometheus metrics. Default: no metrics are registered.
-	Registerer prometheus.Registerer
+	// Metrics receives what the forwarder does: prom.NewForwarderMetrics(registerer) exports it to
+	// Prometheus. Default: none.
+	Metrics Metrics
 
 	// TracerProvider makes one span per publish, linked to the trace of the transaction that wrote
-	// the row (stored in its metadata). Default otel.GetTracerProvider(), which records nothing
-	// until the application sets one.
+	// the row (stored in its metadata). Default: no spans. otel.GetTracerProvider() is the
+	// application's global one.
 	TracerProvider trace.TracerProvider
 }
 
@@ -214,8 +214,11 @@ func (c Config) withDefaults() Config {
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
+	if c.Metrics == nil {
+		c.Metrics = nopMetrics{}
+	}
 	if c.TracerProvider == nil {
-		c.TracerProvider = otel.GetTracerProvider()
+		c.TracerProvider = noop.NewTracerProvider()
 	}
 	return c
 }

@@ -49,7 +49,6 @@ type Forwarder struct {
 	owner   string // names this relay's claims, unique per Forwarder
 	tracer  trace.Tracer
 	circuit *circuit
-	metrics *metrics
 	hooks   hooks
 
 	running     atomic.Bool
@@ -81,7 +80,7 @@ func (f *Forwarder) Health() Health {
 		h.LastPublish = time.Unix(0, t)
 	}
 	state, _ := f.circuit.state(f.cfg.Now())
-	h.CircuitOpen = state != circuitClosed
+	h.CircuitOpen = state != CircuitClosed
 	return h
 }
 
@@ -91,7 +90,7 @@ func (f *Forwarder) passDone(published bool) {
 	if published {
 		f.lastPublish.Store(now)
 	}
-	f.metrics.pass(published)
+	f.cfg.Metrics.PassDone(time.Unix(0, now), published)
 }
 
 // hooks let tests provoke faults at exact points of a pass. They are nil in production.
@@ -129,11 +128,9 @@ func New(cfg Config) (*Forwarder, error) {
 		circuit: &circuit{backoff: cfg.CircuitBackoff},
 		started: make(chan struct{}),
 	}
-	m, err := newMetrics(cfg.Registerer, cfg.Name, cfg.Store.Info().Namespace, f)
-	if err != nil {
+	if err := cfg.Metrics.Attach(f); err != nil {
 		return nil, fmt.Errorf("forwarder metrics: %w", err)
 	}
-	f.metrics = m
 	return f, nil
 }
 
@@ -148,9 +145,9 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 	now := f.cfg.Now()
 	limit, inFlight := f.cfg.BatchSize, f.cfg.MaxInFlight
 	switch state, retryAt := f.circuit.state(now); state {
-	case circuitOpen:
+	case CircuitOpen:
 		return Result{CircuitOpen: true, RetryAt: retryAt}, nil
-	case circuitHalfOpen:
+	case CircuitHalfOpen:
 		limit, inFlight = 1, 1 // probe the broker with a single message
 	}
 
@@ -199,13 +196,12 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 	res.DeadLettered = dead
 	res.Released = out.released
 	res.TransportErr = out.transport
-	f.metrics.published.Add(float64(res.Published))
-	f.metrics.deadLettered.Add(float64(dead))
+	f.cfg.Metrics.DeadLettered(dead)
 	f.passDone(res.Published > 0)
 
 	if out.transport != nil {
 		retryAt := f.circuit.recordTransportFailure(f.cfg.Now())
-		f.metrics.circuit.Set(float64(circuitOpen))
+		f.cfg.Metrics.CircuitChanged(CircuitOpen)
 		f.cfg.Logger.Error("Broker unreachable, circuit open", out.transport, watermill.LogFields{
 			"forwarder": f.cfg.Name, "retry_at": retryAt, "published": res.Published,
 		})
@@ -213,7 +209,7 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 		if f.circuit.recordReachable() {
 			f.cfg.Logger.Info("Broker reachable again, circuit closed", watermill.LogFields{"forwarder": f.cfg.Name})
 		}
-		f.metrics.circuit.Set(float64(circuitClosed))
+		f.cfg.Metrics.CircuitChanged(CircuitClosed)
 	}
 	for _, fr := range out.failed {
 		f.cfg.Logger.Info("Outbox row publish failed", watermill.LogFields{

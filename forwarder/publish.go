@@ -95,7 +95,7 @@ func (f *Forwarder) publishGroups(ctx context.Context, groups [][]store.OutboxRo
 				switch {
 				case err == nil:
 					out.published = append(out.published, publishedRow{seq: r.Seq, createdAt: r.CreatedAt, attempts: r.Attempts})
-					f.metrics.observePublished(f.cfg.Now().Sub(r.CreatedAt), r.Attempts+1)
+					f.cfg.Metrics.Published(f.cfg.Now().Sub(r.CreatedAt), r.Attempts+1)
 				case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
 					// Shutting down: the row was not necessarily refused; leave it for the next relay.
 					out.released += len(group) - i
@@ -104,12 +104,12 @@ func (f *Forwarder) publishGroups(ctx context.Context, groups [][]store.OutboxRo
 						out.transport = err
 					}
 					out.released += len(group) - i
-					f.metrics.failures.WithLabelValues("transport").Inc()
+					f.cfg.Metrics.PublishFailed(true)
 					halt()
 				default:
 					out.failed = append(out.failed, failedRow{seq: r.Seq, attempts: r.Attempts, err: err})
 					out.released += len(group) - i - 1
-					f.metrics.failures.WithLabelValues("message").Inc()
+					f.cfg.Metrics.PublishFailed(false)
 				}
 				mu.Unlock()
 				if err != nil {

@@ -60,7 +60,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	}
 
 	f.cfg.Logger.Info("Forwarder running", watermill.LogFields{
-		"forwarder": f.cfg.Name, "store": f.cfg.Store.Info().Name, "namespace": f.cfg.Store.Info().Namespace,
+		"forwarder": f.cfg.Name, "store": f.cfg.Store.Info().Name, "schema": f.cfg.Store.Info().Schema,
 		"woken_by_writers": f.cfg.Store.Waker() != nil, "poll_interval": f.cfg.PollInterval,
 	})
 	dbFailures := 0

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/middleware"
+	"github.com/outboxkit/outboxkit/prom"
 )
 
 type nopPublisher struct{}
@@ -29,11 +30,11 @@ func TestAlertsReadMetricsThatExist(t *testing.T) {
 	pg := testenv.NewPG(t)
 	reg := prometheus.NewRegistry()
 	writeEvents(t, pgDB(pg), "orders", []string{"k"}, 1)
-	relay := newRelay(t, pgDB(pg), nopPublisher{}, func(c *forwarder.Config) { c.Registerer = reg })
+	relay := newRelay(t, pgDB(pg), nopPublisher{}, func(c *forwarder.Config) { c.Metrics = prom.NewForwarderMetrics(reg) })
 	if _, err := relay.DispatchBatch(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	stack, err := middleware.Stack(middleware.StackConfig{Store: pg.Store, Consumer: "billing", Registerer: reg})
+	stack, err := middleware.Stack(middleware.StackConfig{Store: pg.Store, Consumer: "billing", Metrics: prom.NewConsumerMetrics(reg)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +60,7 @@ func TestAlertsReadMetricsThatExist(t *testing.T) {
 	if err := sub.SubscribeInitialize(topic); err != nil {
 		t.Fatal(err)
 	}
-	reg.MustRegister(backends.NewLagCollector(b, topic, "billing"))
+	reg.MustRegister(prom.NewLagCollector(b, topic, "billing"))
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -61,7 +61,7 @@ func startConsumer(t testing.TB, s *pgxstore.Store, amqpURL, topic, group string
 	if err != nil {
 		t.Fatal(err)
 	}
-	effectsIdent := `"` + s.Info().Namespace + `".effects`
+	effectsIdent := `"` + s.Info().Schema + `".effects`
 	handler := router.AddConsumerHandler(group, topic, sub, func(msg *message.Message) error {
 		return handlers.JSON(func(ctx context.Context, tx pgx.Tx, s shipment) error {
 			c.handled.Add(1)

@@ -13,6 +13,7 @@ import (
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/prom"
 )
 
 // On every backend that can say: five messages published for a group that has not consumed them
@@ -62,7 +63,7 @@ func TestLag_TheBrokerBacklogOfAConsumerGroup(t *testing.T) {
 				t.Fatalf("oldest age %v (known %v), want known=%v and within a minute", l.OldestAge, l.HasAge, wantAge)
 			}
 			reg := prometheus.NewRegistry()
-			reg.MustRegister(backends.NewLagCollector(b, topic, "billing"))
+			reg.MustRegister(prom.NewLagCollector(b, topic, "billing"))
 			if v := metricValue(t, reg, "outboxkit_consumer_broker_waiting", map[string]string{"consumer": "billing", "topic": topic}); v != 5 {
 				t.Fatalf("outboxkit_consumer_broker_waiting = %v, want 5", v)
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/faults"
 	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/prom"
 	"github.com/outboxkit/outboxkit/store/storetest"
 )
 
@@ -118,7 +119,7 @@ func relayBrokerOutage(t *testing.T, db testDB) {
 	relay := newRelay(t, db, amqpPublisher(t, proxied), func(c *forwarder.Config) {
 		c.MaxAttempts = 3 // an outage counted as failures would dead-letter everything at once
 		c.PublishTimeout = 2 * time.Second
-		c.Registerer = reg
+		c.Metrics = prom.NewForwarderMetrics(reg)
 	})
 	storetest.RunForwarder(t, relay)
 
@@ -134,7 +135,7 @@ func relayBrokerOutage(t *testing.T, db testDB) {
 	// Let the relay meet the outage several times (its first try and failed probes), with its
 	// circuit open. Several publishes of one pass can fail at once, so wait for both signs.
 	testenv.Eventually(t, 30*time.Second, "the relay to fail against the outage with its circuit open", func() bool {
-		return metricValue(t, reg, "outboxkit_forwarder_publish_failures_total", map[string]string{"kind": "transport"}) >= 3 &&
+		return metricValue(t, reg, "outboxkit_forwarder_publish_failures_total", map[string]string{"kind": "unreachable"}) >= 3 &&
 			metricValue(t, reg, "outboxkit_forwarder_circuit_state", nil) == 1
 	})
 	stats, err := relay.Stats(context.Background())

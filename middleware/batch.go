@@ -133,8 +133,8 @@ func NewBatchConsumer(cfg BatchConfig, sub message.Subscriber, topic string, h m
 		inner = append(inner, g)
 	}
 	c.inner = chain(inner, h)
-	if cfg.Registerer != nil {
-		if c.metrics, err = newConsumerMetrics(MetricsConfig{Consumer: cfg.Consumer, Registerer: cfg.Registerer, Now: cfg.Now, Store: cfg.Store}); err != nil {
+	if cfg.Metrics != nil {
+		if c.metrics, err = newConsumerMetrics(MetricsConfig{Consumer: cfg.Consumer, Metrics: cfg.Metrics, Now: cfg.Now, Store: cfg.Store}); err != nil {
 			return nil, fmt.Errorf("batch consumer: %w", err)
 		}
 	}

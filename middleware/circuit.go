@@ -9,10 +9,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outboxkit"
-	"github.com/outboxkit/outboxkit/internal/promreg"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -45,9 +43,8 @@ type CircuitConfig struct {
 	// IsUnreachable decides whether a failure means a dependency could not be reached. Default
 	// IsUnreachable; Stack passes IsUnreachableIn(its Store).
 	IsUnreachable func(error) bool
-	// Registerer receives outboxkit_consumer_circuit_state{consumer}: 0 closed, 1 open, 2 probing.
-	// Default: none.
-	Registerer prometheus.Registerer
+	// Metrics is told when the circuit changes state. Default: none.
+	Metrics Metrics
 	// Now is the clock the probe times are computed with. Default time.Now.
 	Now func() time.Time
 	// Logger receives a line when the circuit opens and when it closes. Default: none.
@@ -88,17 +85,8 @@ func NewCircuit(cfg CircuitConfig) (message.HandlerMiddleware, error) {
 		cfg.Logger = watermill.NopLogger{}
 	}
 	c := &consumerCircuit{backoff: cfg.Backoff, changed: make(chan struct{})}
-	if cfg.Registerer != nil {
-		state := prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Namespace: "outboxkit", Subsystem: "consumer", Name: "circuit_state",
-			Help: "Consumer circuit: 0 closed, 1 open (a dependency is unreachable), 2 probing.",
-		}, []string{"consumer"})
-		var err error
-		promreg.Register(cfg.Registerer, &state, &err)
-		if err != nil {
-			return nil, fmt.Errorf("circuit config: %w", err)
-		}
-		c.gauge = state.WithLabelValues(cfg.Consumer)
+	if cfg.Metrics != nil {
+		c.metrics = cfg.Metrics
 	}
 	fields := watermill.LogFields{"consumer": cfg.Consumer}
 	return func(h message.HandlerFunc) message.HandlerFunc {
@@ -139,7 +127,7 @@ func NewCircuit(cfg CircuitConfig) (message.HandlerMiddleware, error) {
 // hand-rolled: it reads the injected clock and backs its probes off exponentially.
 type consumerCircuit struct {
 	backoff outboxkit.Backoff
-	gauge   prometheus.Gauge
+	metrics Metrics
 
 	mu        sync.Mutex
 	failures  int // consecutive failed probes; 0 = closed
@@ -161,7 +149,7 @@ func (c *consumerCircuit) enter(ctx context.Context, now func() time.Time) (prob
 		wait := c.openUntil.Sub(now())
 		if wait <= 0 && !c.probing {
 			c.probing = true
-			c.setGauge(2)
+			c.setState(CircuitProbing)
 			c.mu.Unlock()
 			return true, nil
 		}
@@ -202,7 +190,7 @@ func (c *consumerCircuit) fail(now time.Time, probe bool) (retryAt time.Time, op
 	if probe {
 		c.probing = false
 	}
-	c.setGauge(1)
+	c.setState(CircuitOpen)
 	c.signal()
 	return c.openUntil, opened
 }
@@ -215,7 +203,7 @@ func (c *consumerCircuit) succeed() (wasOpen bool) {
 		return false
 	}
 	c.failures, c.probing = 0, false
-	c.setGauge(0)
+	c.setState(CircuitClosed)
 	c.signal()
 	return true
 }
@@ -236,8 +224,8 @@ func (c *consumerCircuit) signal() {
 	c.changed = make(chan struct{})
 }
 
-func (c *consumerCircuit) setGauge(v float64) {
-	if c.gauge != nil {
-		c.gauge.Set(v)
+func (c *consumerCircuit) setState(st CircuitState) {
+	if c.metrics != nil {
+		c.metrics.CircuitChanged(st)
 	}
 }

@@ -7,7 +7,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/outboxkit/outboxkit"
@@ -48,8 +47,9 @@ type StackConfig struct {
 	// IsUnreachableIn(Store).
 	IsUnreachable func(error) bool
 
-	// Registerer receives the consumer's metrics. Default: no metrics middleware.
-	Registerer prometheus.Registerer
+	// Metrics receives each delivery's outcome and the circuit's state:
+	// prom.NewConsumerMetrics(registerer) exports them to Prometheus. Default: no metrics middleware.
+	Metrics Metrics
 	// TracerProvider adds the tracing middleware, outermost. Default: no tracing middleware.
 	TracerProvider trace.TracerProvider
 	// Now is the clock. Default time.Now.
@@ -80,11 +80,11 @@ func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 	if cfg.TracerProvider != nil {
 		add(NewTracing(TracingConfig{Consumer: cfg.Consumer, TracerProvider: cfg.TracerProvider}))
 	}
-	if cfg.Registerer != nil {
-		add(NewMetrics(MetricsConfig{Consumer: cfg.Consumer, Registerer: cfg.Registerer, Now: cfg.Now, Store: cfg.Store}))
+	if cfg.Metrics != nil {
+		add(NewMetrics(MetricsConfig{Consumer: cfg.Consumer, Metrics: cfg.Metrics, Now: cfg.Now, Store: cfg.Store}))
 	}
 	add(NewCircuit(CircuitConfig{Consumer: cfg.Consumer, Backoff: cfg.CircuitBackoff, IsUnreachable: cfg.IsUnreachable,
-		Registerer: cfg.Registerer, Now: cfg.Now, Logger: cfg.Logger}))
+		Metrics: cfg.Metrics, Now: cfg.Now, Logger: cfg.Logger}))
 	add(NewDeliveryCount(DeliveryCountConfig{Store: cfg.Store, Consumer: cfg.Consumer,
 		Now: cfg.Now, Logger: cfg.Logger, CountFirstDeliveries: cfg.CountFirstDeliveries, IsUnreachable: cfg.IsUnreachable}))
 	add(NewDeadLetter(DeadLetterConfig{Store: cfg.Store, Consumer: cfg.Consumer,

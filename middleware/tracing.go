@@ -4,7 +4,6 @@ import (
 	"errors"
 
 	"github.com/ThreeDotsLabs/watermill/message"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -16,7 +15,8 @@ import (
 type TracingConfig struct {
 	// Consumer names the span ("<consumer> process") and labels it. Required.
 	Consumer string
-	// TracerProvider makes the spans. Default otel.GetTracerProvider().
+	// TracerProvider makes the spans. Required: otel.GetTracerProvider() is the application's
+	// global one.
 	TracerProvider trace.TracerProvider
 }
 
@@ -28,7 +28,7 @@ func NewTracing(cfg TracingConfig) (message.HandlerMiddleware, error) {
 		return nil, errors.New("tracing config: field Consumer is required: name the consuming service")
 	}
 	if cfg.TracerProvider == nil {
-		cfg.TracerProvider = otel.GetTracerProvider()
+		return nil, errors.New("tracing config: field TracerProvider is required (otel.GetTracerProvider() for the global one)")
 	}
 	tracer := cfg.TracerProvider.Tracer("github.com/outboxkit/outboxkit/middleware")
 	name := cfg.Consumer + " process"

@@ -23,7 +23,7 @@ func Migrate(ctx context.Context, s store.Store) (MigrateResult, error) {
 	}
 	res, err := s.Migrate(ctx)
 	if err != nil {
-		return res, fmt.Errorf("migrate %s (%s): %w", s.Info().Namespace, s.Info().Name, err)
+		return res, fmt.Errorf("migrate %s (%s): %w", s.Info().Schema, s.Info().Name, err)
 	}
 	return res, nil
 }

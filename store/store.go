@@ -31,7 +31,7 @@ type Driver[TTx any] interface {
 // Store is everything outboxkit asks of a database. Its methods are safe for concurrent use.
 // Errors that mean the database could not be reached are marked outboxkit.Transport.
 type Store interface {
-	// Info describes the store: its name, its namespace, how writers wake relays.
+	// Info describes the store: its name and its schema.
 	Info() Info
 	// Unreachable reports whether err — from the store, or from the application's own statements
 	// on this database — means the database could not be reached or dropped the session (a
@@ -92,8 +92,9 @@ type Store interface {
 type Info struct {
 	// Name says which driver and database: "postgres (pgx)", "mysql", "sqlite".
 	Name string
-	// Namespace holds outboxkit's tables: a Postgres schema, a MySQL database, a SQLite file.
-	Namespace string
+	// Schema holds outboxkit's tables: a Postgres schema, a MySQL database (which MySQL also calls
+	// a schema), or, on SQLite, the database file's path.
+	Schema string
 }
 
 // Tx is a transaction as outboxkit uses it: the application's, or one outboxkit began.

@@ -440,7 +440,7 @@ func e2eWrite(ctx context.Context, pool *pgxpool.Pool, writer *pgxstore.Store, t
 	}
 	defer tx.Rollback(ctx) //nolint:errcheck
 	var id int64
-	if err := tx.QueryRow(ctx, `INSERT INTO `+writer.Info().Namespace+`.orders (customer) VALUES ($1) RETURNING id`, fmt.Sprint("c-", i%97)).Scan(&id); err != nil {
+	if err := tx.QueryRow(ctx, `INSERT INTO `+writer.Info().Schema+`.orders (customer) VALUES ($1) RETURNING id`, fmt.Sprint("c-", i%97)).Scan(&id); err != nil {
 		return err
 	}
 	body, key := payload(i, 200)

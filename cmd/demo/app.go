@@ -23,6 +23,7 @@ import (
 	"github.com/outboxkit/outboxkit/idempotency"
 	"github.com/outboxkit/outboxkit/internal/faults"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/prom"
 	"github.com/outboxkit/outboxkit/store"
 	_ "github.com/outboxkit/outboxkit/store/allstores" // every database URL
 )
@@ -95,7 +96,7 @@ func run(ctx context.Context, o options) error {
 	// schema): two demos on one broker keep to their own.
 	topic := o.schema + ".orders"
 	if db.Dialect != "sqlite" {
-		topic = db.Info().Namespace + ".orders"
+		topic = db.Info().Schema + ".orders"
 	}
 	// The publisher declares each consumer group's queue before it first publishes (RabbitMQ), so a
 	// consumer that starts after the orders service misses nothing.
@@ -110,13 +111,13 @@ func run(ctx context.Context, o options) error {
 	defer broker.Close()
 	if broker.ReportsLag() {
 		biz.lag = func(ctx context.Context, group string) (backends.Lag, error) { return broker.Lag(ctx, topic, group) }
-		reg.MustRegister(backends.NewLagCollector(broker, topic, groups...))
+		reg.MustRegister(prom.NewLagCollector(broker, topic, groups...))
 	}
 	var relay *forwarder.Forwarder
 	if o.runs(roleRelay) {
 		pub := &faultyPublisher{Publisher: broker.Publisher, failEvery: o.failPublishEvery, crashEvery: o.crashAfterPublish}
 		relay, err = forwarder.New(forwarder.Config{
-			Store: db, Name: o.relayName, Publisher: pub, Registerer: reg, Logger: logger,
+			Store: db, Name: o.relayName, Publisher: pub, Metrics: prom.NewForwarderMetrics(reg), Logger: logger,
 			Backoff: forwarder.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2},
 		})
 		if err != nil {
@@ -211,7 +212,7 @@ func run(ctx context.Context, o options) error {
 		_ = srv.Shutdown(sctx)
 	}()
 	fmt.Printf("outboxkit demo on %s — POST /orders, POST /orders/{id}/cancel, GET /orders/{id}, /metrics, /healthz, /readyz; payment gateway POST /gateway/charges\n", base)
-	fmt.Printf("%s %s at version %d; broker %s; consumers %s\n", db.Info().Name, db.Info().Namespace, res.Version, redact(o.brokerURL),
+	fmt.Printf("%s %s at version %d; broker %s; consumers %s\n", db.Info().Name, db.Info().Schema, res.Version, redact(o.brokerURL),
 		strings.Join([]string{consumerNames[0].name, consumerNames[1].name, consumerNames[2].name}, ", "))
 	printFaults(o)
 

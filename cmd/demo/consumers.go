@@ -16,6 +16,7 @@ import (
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/middleware"
+	"github.com/outboxkit/outboxkit/prom"
 )
 
 type consumerSpec struct {
@@ -101,7 +102,7 @@ func addConsumers(router *message.Router, b *business, broker *backends.Backend,
 			// The order guard applies an order's events in version order (OrderCancelled after
 			// OrderPlaced) whatever the broker does with a redelivery.
 			stack, err = middleware.Stack(middleware.StackConfig{
-				Store: b.db, Consumer: c.name, Registerer: reg, Logger: logger,
+				Store: b.db, Consumer: c.name, Metrics: prom.NewConsumerMetrics(reg), Logger: logger,
 				RetryBackoff: middleware.DefaultRetryBackoff, MaxRetries: 1,
 				OrderGuard: &middleware.OrderGuardConfig{},
 			})

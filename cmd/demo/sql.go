@@ -27,9 +27,9 @@ func newBusiness(db *store.DB) *business {
 	b := &business{db: db}
 	switch db.Dialect {
 	case "postgres":
-		b.prefix = `"` + db.Info().Namespace + `".`
+		b.prefix = `"` + db.Info().Schema + `".`
 	case "mysql":
-		b.prefix = "`" + db.Info().Namespace + "`."
+		b.prefix = "`" + db.Info().Schema + "`."
 	}
 	return b
 }

@@ -75,7 +75,7 @@ func (e *env) migrate(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	where := db.Info().Name + " " + db.Info().Namespace
+	where := db.Info().Name + " " + db.Info().Schema
 	if len(res.Applied) == 0 {
 		fmt.Fprintf(e.stdout, "%s is up to date at version %d\n", where, res.Version)
 	} else {

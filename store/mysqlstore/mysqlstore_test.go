@@ -34,7 +34,7 @@ func TestStore(t *testing.T) {
 			return e
 		},
 		ProcessURL: func(t *testing.T, e *storetest.Env[*sql.Tx]) (string, string) {
-			return testenv.MySQLURL(t), e.Store.Info().Namespace
+			return testenv.MySQLURL(t), e.Store.Info().Schema
 		},
 		Sessions: func(_ *testing.T, want int) int { return min(want, 40) },
 	})

@@ -50,7 +50,7 @@ func harness(driver string, listen bool) storetest.Harness[*sql.Tx] {
 			return e
 		},
 		ProcessURL: func(t *testing.T, e *storetest.Env[*sql.Tx]) (string, string) {
-			return testenv.PostgresURL(t), e.Store.Info().Namespace
+			return testenv.PostgresURL(t), e.Store.Info().Schema
 		},
 		Sessions: func(t *testing.T, want int) int { return testenv.NewEmptyPG(t).Sessions(t, want, 5) },
 	}

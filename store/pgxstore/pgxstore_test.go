@@ -31,7 +31,7 @@ func harness(cfg pgxstore.Config) storetest.Harness[pgx.Tx] {
 		Open: func(t *testing.T) *storetest.Env[pgx.Tx] { return open(t, cfg) },
 		ProcessURL: func(_ *testing.T, e *storetest.Env[pgx.Tx]) (string, string) {
 			s := e.Store.(*pgxstore.Store)
-			return s.Pool().Config().ConnString(), s.Info().Namespace
+			return s.Pool().Config().ConnString(), s.Info().Schema
 		},
 		Sessions: func(t *testing.T, want int) int {
 			return testenv.NewEmptyPG(t).Sessions(t, want, 5)

@@ -41,7 +41,7 @@ func TestStore(t *testing.T) {
 			return e
 		},
 		ProcessURL: func(_ *testing.T, e *storetest.Env[*sql.Tx]) (string, string) {
-			return "sqlite://" + e.Store.Info().Namespace, ""
+			return "sqlite://" + e.Store.Info().Schema, ""
 		},
 	})
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/prom"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -72,7 +73,7 @@ func vouched(m *message.Message) *message.Message {
 func (e *consumerEnv[TTx]) runBatches(t *testing.T, f *feed, h message.HandlerFunc, tune ...func(*middleware.BatchConfig)) {
 	t.Helper()
 	cfg := middleware.BatchConfig{StackConfig: middleware.StackConfig{
-		Store: e.Store, Consumer: "billing", Registerer: e.reg, MaxRetries: -1,
+		Store: e.Store, Consumer: "billing", Metrics: prom.NewConsumerMetrics(e.reg), MaxRetries: -1,
 		RetryBackoff: outboxkit.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond, Multiplier: 2},
 	}, MaxBatch: 10}
 	for _, fn := range tune {

@@ -21,6 +21,7 @@ import (
 	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/prom"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -77,7 +78,7 @@ func (e *consumerEnv[TTx]) effect(consumer string) message.NoPublishHandlerFunc 
 func (e *consumerEnv[TTx]) stack(t *testing.T, consumer string, h message.NoPublishHandlerFunc, tune ...func(*middleware.StackConfig)) message.HandlerFunc {
 	t.Helper()
 	cfg := middleware.StackConfig{
-		Store: e.Store, Consumer: consumer, Registerer: e.reg, Now: e.now,
+		Store: e.Store, Consumer: consumer, Metrics: prom.NewConsumerMetrics(e.reg), Now: e.now,
 		RetryBackoff: outboxkit.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond, Multiplier: 2},
 	}
 	for _, fn := range tune {
@@ -451,7 +452,7 @@ func inboxHandlerOutput[TTx any](t *testing.T, h Harness[TTx]) {
 func inboxHandlerOutputWithoutTopic[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Parallel()
 	e := newConsumerEnv(t, h)
-	ms, err := middleware.Stack(middleware.StackConfig{Store: e.Store, Consumer: "billing", MaxRetries: -1, Registerer: e.reg})
+	ms, err := middleware.Stack(middleware.StackConfig{Store: e.Store, Consumer: "billing", MaxRetries: -1, Metrics: prom.NewConsumerMetrics(e.reg)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -99,7 +99,7 @@ func (d *Dialect) render(sql string) string {
 // Database is the database holding outboxkit's tables.
 func (d *Dialect) Database() string { return d.database }
 
-func (d *Dialect) Info() store.Info { return store.Info{Name: "mysql", Namespace: d.database} }
+func (d *Dialect) Info() store.Info { return store.Info{Name: "mysql", Schema: d.database} }
 
 func (d *Dialect) Queries() *sqlstore.Queries { return &d.q }
 

@@ -118,7 +118,7 @@ func (d *Dialect) read(file string) string {
 func (d *Dialect) Schema() Name { return d.schema }
 
 func (d *Dialect) Info() store.Info {
-	return store.Info{Name: "postgres (" + d.cfg.Driver + ")", Namespace: string(d.schema)}
+	return store.Info{Name: "postgres (" + d.cfg.Driver + ")", Schema: string(d.schema)}
 }
 
 func (d *Dialect) Queries() *sqlstore.Queries { return &d.q }

@@ -80,7 +80,7 @@ func New(name, wakeKey string) *Dialect {
 
 func render(sql string) string { return strings.ReplaceAll(sql, "{{schema}}", "main") }
 
-func (d *Dialect) Info() store.Info { return store.Info{Name: "sqlite", Namespace: d.name} }
+func (d *Dialect) Info() store.Info { return store.Info{Name: "sqlite", Schema: d.name} }
 
 func (d *Dialect) Queries() *sqlstore.Queries { return &d.q }
 

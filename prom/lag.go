@@ -1,4 +1,4 @@
-package backends
+package prom
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/outboxkit/outboxkit/backends"
 )
 
 // NewLagCollector exports, at each scrape, the backlog the broker holds for each consumer group of
@@ -19,7 +21,7 @@ import (
 // yet) has no series in that scrape rather than a wrong one, and the scrape's other series are
 // kept: the broker's outage has alerts of its own. A backend that cannot report lag at all
 // (memory://) exports nothing.
-func NewLagCollector(b *Backend, topic string, groups ...string) prometheus.Collector {
+func NewLagCollector(b *backends.Backend, topic string, groups ...string) prometheus.Collector {
 	return &lagCollector{b: b, topic: topic, groups: groups}
 }
 
@@ -36,7 +38,7 @@ var (
 )
 
 type lagCollector struct {
-	b      *Backend
+	b      *backends.Backend
 	topic  string
 	groups []string
 }
@@ -50,7 +52,7 @@ func (c *lagCollector) Collect(ch chan<- prometheus.Metric) {
 	defer cancel()
 	for _, g := range c.groups {
 		l, err := c.b.Lag(ctx, c.topic, g)
-		if errors.Is(err, ErrLagUnknown) {
+		if errors.Is(err, backends.ErrLagUnknown) {
 			return
 		}
 		if err != nil {

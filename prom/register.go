@@ -1,6 +1,4 @@
-// Package promreg registers Prometheus collectors so that several instances in one process (two
-// forwarders, two consumers) share their series instead of failing on the second registration.
-package promreg
+package prom
 
 import (
 	"errors"
@@ -8,9 +6,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Register registers *c in reg, or replaces *c with the collector already registered under the
+// register registers *c in reg, or replaces *c with the collector already registered under the
 // same description. It does nothing once *errp is set, so a run of calls reports the first error.
-func Register[T prometheus.Collector](reg prometheus.Registerer, c *T, errp *error) {
+func register[T prometheus.Collector](reg prometheus.Registerer, c *T, errp *error) {
 	if *errp != nil {
 		return
 	}
