@@ -117,7 +117,9 @@ func (m *ConsumerMetrics) Delivered(outcome middleware.Outcome, took, sinceCommi
 	}
 }
 
-func (m *ConsumerMetrics) CircuitChanged(state middleware.CircuitState) { m.circuit.Set(float64(state)) }
+func (m *ConsumerMetrics) CircuitChanged(state middleware.CircuitState) {
+	m.circuit.Set(float64(state))
+}
 
 // deadLetterCollector reads the consumer's waiting dead letters at scrape time: a counter of dead
 // letters would forget, within its rate window, letters that still wait.

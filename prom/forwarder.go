@@ -128,7 +128,9 @@ func (m *ForwarderMetrics) PassDone(at time.Time, published bool) {
 	}
 }
 
-func (m *ForwarderMetrics) CircuitChanged(state forwarder.CircuitState) { m.circuit.Set(float64(state)) }
+func (m *ForwarderMetrics) CircuitChanged(state forwarder.CircuitState) {
+	m.circuit.Set(float64(state))
+}
 
 // backlogCollector exports the forwarder's Stats at scrape time.
 type backlogCollector struct {
