@@ -8,40 +8,40 @@ import (
 	"syscall"
 )
 
-// transportError marks an error as "a dependency could not be reached" (the broker, the database,
+// unreachableError marks an error as "a dependency could not be reached" (the broker, the database,
 // a service a handler calls): the message itself is not at fault, so retrying it later is expected
 // to succeed.
-type transportError struct{ err error }
+type unreachableError struct{ err error }
 
-func (e *transportError) Error() string { return "unreachable: " + e.err.Error() }
-func (e *transportError) Unwrap() error { return e.err }
+func (e *unreachableError) Error() string { return "unreachable: " + e.err.Error() }
+func (e *unreachableError) Unwrap() error { return e.err }
 
-// Transport wraps err to say that the work failed because a dependency could not be reached
+// Unreachable wraps err to say that the work failed because a dependency could not be reached
 // (connection refused or lost, channel closed, confirm timed out), not because of the message.
 // The forwarder opens its circuit on such errors and does not count them against a message's
 // attempts, so a broker outage delays messages instead of dead-lettering them; a consumer's
 // middleware.Circuit holds the message the same way when a handler returns one (a payment
 // gateway down, say), and never counts it toward the message's deliveries.
 //
-// Transport(nil) returns nil.
-func Transport(err error) error {
+// Unreachable(nil) returns nil.
+func Unreachable(err error) error {
 	if err == nil {
 		return nil
 	}
-	if IsTransport(err) {
+	if IsUnreachable(err) {
 		return err
 	}
-	return &transportError{err: err}
+	return &unreachableError{err: err}
 }
 
-// IsTransport reports whether err means a dependency could not be reached. It recognises errors
-// wrapped with Transport and the standard library's network failures: net.Error, refused or reset
+// IsUnreachable reports whether err means a dependency could not be reached. It recognises errors
+// wrapped with Unreachable and the standard library's network failures: net.Error, refused or reset
 // connections, broken pipes, unexpected EOF and context deadlines (a confirm that never came).
-func IsTransport(err error) bool {
+func IsUnreachable(err error) bool {
 	if err == nil {
 		return false
 	}
-	var te *transportError
+	var te *unreachableError
 	if errors.As(err, &te) {
 		return true
 	}
@@ -57,3 +57,13 @@ func IsTransport(err error) bool {
 		errors.Is(err, syscall.ECONNRESET) ||
 		errors.Is(err, syscall.EPIPE)
 }
+
+// Transport is the former name of Unreachable.
+//
+// Deprecated: use Unreachable.
+func Transport(err error) error { return Unreachable(err) }
+
+// IsTransport is the former name of IsUnreachable.
+//
+// Deprecated: use IsUnreachable.
+func IsTransport(err error) bool { return IsUnreachable(err) }

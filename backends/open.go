@@ -90,7 +90,7 @@ type Backend struct {
 	// Scheme is the URL's scheme: amqp, kafka, nats, redis, postgres or memory.
 	Scheme string
 	// Publisher publishes with the broker's confirms; errors that mean the broker could not be
-	// reached are marked outboxkit.Transport.
+	// reached are marked outboxkit.Unreachable.
 	Publisher message.Publisher
 
 	newSubscriber func(group string) (Subscriber, error)

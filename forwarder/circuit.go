@@ -32,7 +32,7 @@ type circuit struct {
 	backoff Backoff
 
 	mu        sync.Mutex
-	failures  int // consecutive transport failures
+	failures  int // consecutive failures to reach the broker
 	openUntil time.Time
 }
 
@@ -49,8 +49,8 @@ func (c *circuit) state(now time.Time) (CircuitState, time.Time) {
 	}
 }
 
-// recordTransportFailure opens the circuit until the next probe time.
-func (c *circuit) recordTransportFailure(now time.Time) time.Time {
+// recordUnreachable opens the circuit until the next probe time.
+func (c *circuit) recordUnreachable(now time.Time) time.Time {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.failures++

@@ -91,7 +91,7 @@ type Config struct {
 	DisableAwake bool
 
 	// MaxAttempts is how many message-specific failures a row may have before it is dead-lettered.
-	// Transport failures (broker unreachable) never count. Default 10.
+	// Failures to reach the broker never count. Default 10.
 	MaxAttempts int
 
 	// Backoff spaces the attempts of a row after a message-specific failure. Default DefaultBackoff.
@@ -102,7 +102,7 @@ type Config struct {
 	CircuitBackoff Backoff
 
 	// PublishTimeout bounds the publishing phase of one pass, confirms included, and so how long
-	// claimed rows stay locked. A publish still waiting when it ends is a transport failure.
+	// claimed rows stay locked. A publish still waiting when it ends counts as the broker unreachable.
 	// Default 10s.
 	PublishTimeout time.Duration
 
@@ -116,8 +116,12 @@ type Config struct {
 	// topic.
 	TopicMapping func(topic, partitionKey string) string
 
-	// IsTransportError decides whether a publish error means "broker unreachable" (open the circuit,
-	// do not count the attempt) rather than "this message failed". Default outboxkit.IsTransport.
+	// IsUnreachable decides whether a publish error means "broker unreachable" (open the circuit,
+	// do not count the attempt) rather than "this message failed". Default outboxkit.IsUnreachable.
+	IsUnreachable func(error) bool
+	// IsTransportError is the former name of IsUnreachable.
+	//
+	// Deprecated: use IsUnreachable. It is read only when IsUnreachable is nil.
 	IsTransportError func(error) bool
 
 	// Retention deletes published rows. Default DefaultRetention.
@@ -196,8 +200,11 @@ func (c Config) withDefaults() Config {
 	if c.TopicMapping == nil {
 		c.TopicMapping = func(topic, _ string) string { return topic }
 	}
-	if c.IsTransportError == nil {
-		c.IsTransportError = outboxkit.IsTransport
+	if c.IsUnreachable == nil {
+		c.IsUnreachable = c.IsTransportError
+	}
+	if c.IsUnreachable == nil {
+		c.IsUnreachable = outboxkit.IsUnreachable
 	}
 	if c.Retention.Age == 0 {
 		c.Retention.Age = DefaultRetention.Age

@@ -105,9 +105,13 @@ type Result struct {
 	Published    int // rows published and marked (or deleted, with Retention.DeleteOnPublish)
 	Failed       int // rows whose publish failed because of the message; their attempt was counted
 	DeadLettered int // of Failed, rows that reached MaxAttempts and were dead-lettered
-	Released     int // claimed rows left untouched: behind a failure of their key, or after a transport failure
+	Released     int // claimed rows left untouched: behind a failure of their key, or after the broker could not be reached
 
-	// TransportErr is the broker failure that stopped the pass and opened the circuit, if any.
+	// UnreachableErr is the broker failure that stopped the pass and opened the circuit, if any.
+	UnreachableErr error
+	// TransportErr is the former name of UnreachableErr, set to the same error.
+	//
+	// Deprecated: use UnreachableErr.
 	TransportErr error
 	// CircuitOpen is set when the pass did nothing because the broker could not be reached
 	// recently; RetryAt says when the next pass may probe it.
@@ -140,7 +144,7 @@ func New(cfg Config) (*Forwarder, error) {
 //
 // It returns an error when the database fails; rows published before such an error stay pending
 // and are published again by a later pass (a duplicate, never a loss). A broker failure is not an
-// error: it is reported in Result.TransportErr and the circuit opens.
+// error: it is reported in Result.UnreachableErr and the circuit opens.
 func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 	now := f.cfg.Now()
 	limit, inFlight := f.cfg.BatchSize, f.cfg.MaxInFlight
@@ -195,14 +199,15 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 	res.Failed = len(out.failed)
 	res.DeadLettered = dead
 	res.Released = out.released
-	res.TransportErr = out.transport
+	res.UnreachableErr = out.unreachable
+	res.TransportErr = out.unreachable
 	f.cfg.Metrics.DeadLettered(dead)
 	f.passDone(res.Published > 0)
 
-	if out.transport != nil {
-		retryAt := f.circuit.recordTransportFailure(f.cfg.Now())
+	if out.unreachable != nil {
+		retryAt := f.circuit.recordUnreachable(f.cfg.Now())
 		f.cfg.Metrics.CircuitChanged(CircuitOpen)
-		f.cfg.Logger.Error("Broker unreachable, circuit open", out.transport, watermill.LogFields{
+		f.cfg.Logger.Error("Broker unreachable, circuit open", out.unreachable, watermill.LogFields{
 			"forwarder": f.cfg.Name, "retry_at": retryAt, "published": res.Published,
 		})
 	} else if res.Published > 0 || res.Failed > 0 {

@@ -22,10 +22,10 @@ import (
 
 // outcome is what the publishing phase of a pass did to its claimed rows.
 type outcome struct {
-	published []publishedRow
-	failed    []failedRow
-	released  int   // claimed rows not attempted
-	transport error // the first transport failure, which stopped the pass
+	published   []publishedRow
+	failed      []failedRow
+	released    int   // claimed rows not attempted
+	unreachable error // the first failure to reach the broker, which stopped the pass
 }
 
 type publishedRow struct {
@@ -42,7 +42,7 @@ type failedRow struct {
 
 // publishGroups publishes each group's rows in order, up to inFlight groups at a time. A group stops
 // at its first failure (later rows of the key must not overtake it); every group stops starting new
-// rows after a transport failure or when ctx ends.
+// rows once the broker could not be reached or when ctx ends.
 func (f *Forwarder) publishGroups(ctx context.Context, groups [][]store.OutboxRow, inFlight int) outcome {
 	var (
 		mu   sync.Mutex
@@ -99,9 +99,9 @@ func (f *Forwarder) publishGroups(ctx context.Context, groups [][]store.OutboxRo
 				case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
 					// Shutting down: the row was not necessarily refused; leave it for the next relay.
 					out.released += len(group) - i
-				case f.cfg.IsTransportError(err) || errors.Is(ctx.Err(), context.DeadlineExceeded):
-					if out.transport == nil {
-						out.transport = err
+				case f.cfg.IsUnreachable(err) || errors.Is(ctx.Err(), context.DeadlineExceeded):
+					if out.unreachable == nil {
+						out.unreachable = err
 					}
 					out.released += len(group) - i
 					f.cfg.Metrics.PublishFailed(true)

@@ -86,7 +86,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 			// The broker is down: a NOTIFY does not make it reachable, so only the probe time counts.
 			dbFailures = 0
 			wait, wakeable = max(0, res.RetryAt.Sub(f.cfg.Now())), false
-		case res.TransportErr != nil:
+		case res.UnreachableErr != nil:
 			dbFailures = 0
 			wait = 0 // the next pass sees the open circuit and waits for the probe time
 		case res.Claimed >= f.cfg.BatchSize:

@@ -221,7 +221,7 @@ func problem(w http.ResponseWriter, status int, detail string) {
 func (m *middleware) unavailable(w http.ResponseWriter, step, key string, err error) {
 	m.cfg.Logger.Error("idempotency: could not "+step, err, watermill.LogFields{"key": key})
 	reason := "the database is unavailable"
-	if !m.cfg.Store.Unreachable(err) {
+	if !m.cfg.Store.IsUnreachable(err) {
 		reason = "the database refused to " + step
 	}
 	problem(w, http.StatusServiceUnavailable, reason+": nothing was done; retry with the same key")

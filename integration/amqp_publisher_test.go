@@ -41,8 +41,8 @@ func TestAMQPPublisher_UnroutableIsAMessageError(t *testing.T) {
 	topic := testenv.UniqueName(t, "nobody")
 	t.Cleanup(func() { deleteExchange(t, url, topic) })
 	err := amqpPublisher(t, url).Publish(topic, pipeline.NewEvent("E", "k", nil))
-	if !errors.Is(err, amqpbackend.ErrUnroutable) || outboxkit.IsTransport(err) {
-		t.Fatalf("got %v; want ErrUnroutable, not a transport error", err)
+	if !errors.Is(err, amqpbackend.ErrUnroutable) || outboxkit.IsUnreachable(err) {
+		t.Fatalf("got %v; want ErrUnroutable, not an unreachable error", err)
 	}
 }
 
@@ -63,7 +63,7 @@ func TestAMQPPublisher_ChannelExceptionIsAMessageError(t *testing.T) {
 	t.Cleanup(func() { deleteExchange(t, url, topic) })
 	pub := amqpPublisher(t, url)
 	err = pub.Publish(topic, pipeline.NewEvent("E", "k", nil))
-	if err == nil || outboxkit.IsTransport(err) {
+	if err == nil || outboxkit.IsUnreachable(err) {
 		t.Fatalf("got %v; want a message error (the topic is misconfigured, the broker is fine)", err)
 	}
 	// The publisher keeps working for other topics.
@@ -75,7 +75,7 @@ func TestAMQPPublisher_ChannelExceptionIsAMessageError(t *testing.T) {
 	q.WaitFor(t, 1, 10*time.Second)
 }
 
-func TestAMQPPublisher_BrokerGoneIsTransportAndRecovers(t *testing.T) {
+func TestAMQPPublisher_BrokerGoneIsUnreachableAndRecovers(t *testing.T) {
 	t.Parallel()
 	url := testenv.AMQPURL(t)
 	proxy, proxied := testenv.ProxyURL(t, url)
@@ -91,8 +91,8 @@ func TestAMQPPublisher_BrokerGoneIsTransportAndRecovers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	msg.SetContext(ctx)
-	if err := pub.Publish(topic, msg); !outboxkit.IsTransport(err) {
-		t.Fatalf("publish with the broker cut off: got %v, want a transport error", err)
+	if err := pub.Publish(topic, msg); !outboxkit.IsUnreachable(err) {
+		t.Fatalf("publish with the broker cut off: got %v, want an unreachable error", err)
 	}
 	proxy.Restore()
 	testenv.Eventually(t, 20*time.Second, "the publisher to reconnect", func() bool {
@@ -102,7 +102,7 @@ func TestAMQPPublisher_BrokerGoneIsTransportAndRecovers(t *testing.T) {
 }
 
 // A broker that accepts the publish but never confirms it (a black hole on the network) is a
-// transport failure once the message context's deadline passes.
+// unreachable once the message context's deadline passes.
 func TestAMQPPublisher_MissingConfirmIsTransport(t *testing.T) {
 	t.Parallel()
 	url := testenv.AMQPURL(t)
@@ -121,8 +121,8 @@ func TestAMQPPublisher_MissingConfirmIsTransport(t *testing.T) {
 	msg.SetContext(ctx)
 	start := time.Now()
 	err := pub.Publish(topic, msg)
-	if !outboxkit.IsTransport(err) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("got %v; want a transport error for the missing confirm", err)
+	if !outboxkit.IsUnreachable(err) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v; want an unreachable error for the missing confirm", err)
 	}
 	if waited := time.Since(start); waited > 5*time.Second {
 		t.Fatalf("publish returned after %s; the context deadline must bound the confirm wait", waited)
@@ -163,7 +163,7 @@ func TestAMQPPublisher_ChannelExceptionBlamesOnlyAKnownCulprit(t *testing.T) {
 	}
 	deleteExchange(t, url, gone)
 
-	if err := pub.Publish(gone, pipeline.NewEvent("E", "k", nil)); err == nil || outboxkit.IsTransport(err) {
+	if err := pub.Publish(gone, pipeline.NewEvent("E", "k", nil)); err == nil || outboxkit.IsUnreachable(err) {
 		t.Fatalf("alone on the channel, the refused message got %v; want a message error", err)
 	}
 	for round := 0; round < 5; round++ {
@@ -185,7 +185,7 @@ func TestAMQPPublisher_ChannelExceptionBlamesOnlyAKnownCulprit(t *testing.T) {
 			t.Fatalf("round %d: the publish to the deleted exchange succeeded", round)
 		}
 		for i, err := range errs {
-			if i != 20 && err != nil && !outboxkit.IsTransport(err) {
+			if i != 20 && err != nil && !outboxkit.IsUnreachable(err) {
 				t.Fatalf("round %d: innocent message %d got a message error: %v", round, i, err)
 			}
 		}

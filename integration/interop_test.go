@@ -47,7 +47,7 @@ func drainRelay(t *testing.T, pg *testenv.PG, b *backends.Backend) {
 	relay := newRelay(t, pgDB(pg), b.Publisher)
 	for {
 		res, err := relay.DispatchBatch(context.Background())
-		if err != nil || res.TransportErr != nil || res.Failed > 0 {
+		if err != nil || res.UnreachableErr != nil || res.Failed > 0 {
 			t.Fatalf("dispatch: %+v %v", res, err)
 		}
 		if res.Claimed == 0 {

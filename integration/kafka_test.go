@@ -124,8 +124,8 @@ func TestKafka_RecordKeyIsThePartitionKeyAndKeysKeepTheirOrder(t *testing.T) {
 	writeEvents(t, pgDB(pg), topic, keys(nKeys), perKey)
 	for {
 		res, err := relay.DispatchBatch(context.Background())
-		if err != nil || res.TransportErr != nil {
-			t.Fatalf("dispatch: %v %v", err, res.TransportErr)
+		if err != nil || res.UnreachableErr != nil {
+			t.Fatalf("dispatch: %v %v", err, res.UnreachableErr)
 		}
 		if res.Claimed == 0 {
 			break

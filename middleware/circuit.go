@@ -18,20 +18,19 @@ import (
 // 400ms, 800ms … capped at 10 seconds, each ±20%.
 var DefaultCircuitBackoff = outboxkit.Backoff{Initial: 200 * time.Millisecond, Max: 10 * time.Second, Multiplier: 2, Jitter: 0.2}
 
-// IsUnreachable is the test for "a dependency could not be reached" of middleware that knows no
-// store: an error marked outboxkit.Transport or recognised by outboxkit.IsTransport (network
-// failures, timeouts). Such a failure says nothing about the message: the consumer waits and tries
-// again, and never counts it toward MaxDeliveries.
-func IsUnreachable(err error) bool { return outboxkit.IsTransport(err) }
+// IsUnreachable is outboxkit.IsUnreachable.
+//
+// Deprecated: use outboxkit.IsUnreachable, the one test of "a dependency could not be reached".
+func IsUnreachable(err error) bool { return outboxkit.IsUnreachable(err) }
 
-// IsUnreachableIn is IsUnreachable that also recognises s's database failing to answer (a failed
+// IsUnreachableIn is outboxkit.IsUnreachable that also recognises s's database failing to answer (a failed
 // connect, a session cut, the server shutting down or starting up), in the store's own statements
 // or the handler's: the default of every middleware given a Store, and of Stack.
 func IsUnreachableIn(s store.Store) func(error) bool {
 	if s == nil {
-		return IsUnreachable
+		return outboxkit.IsUnreachable
 	}
-	return func(err error) bool { return IsUnreachable(err) || s.Unreachable(err) }
+	return func(err error) bool { return outboxkit.IsUnreachable(err) || s.IsUnreachable(err) }
 }
 
 // CircuitConfig configures NewCircuit.

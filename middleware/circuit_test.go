@@ -46,7 +46,7 @@ func TestCircuit_HoldsMessagesAndProbesOneAtATime(t *testing.T) {
 				for cur := most.Load(); n > cur && !most.CompareAndSwap(cur, n); cur = most.Load() {
 				}
 			}
-			return nil, outboxkit.Transport(errors.New("connection refused"))
+			return nil, outboxkit.Unreachable(errors.New("connection refused"))
 		}
 		<-release
 		return nil, nil
@@ -98,7 +98,7 @@ func TestCircuit_MessageErrorsPassThrough(t *testing.T) {
 // A held message whose context ends (shutdown) is returned with the last error, to be redelivered.
 func TestCircuit_GivesUpWhenTheMessageContextEnds(t *testing.T) {
 	t.Parallel()
-	refused := outboxkit.Transport(errors.New("connection refused"))
+	refused := outboxkit.Unreachable(errors.New("connection refused"))
 	h := circuit(t, func(msg *message.Message) ([]*message.Message, error) { return nil, refused })
 	msg := message.NewMessage("m", nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)

@@ -29,7 +29,7 @@ type Driver[TTx any] interface {
 }
 
 // Store is everything outboxkit asks of a database. Its methods are safe for concurrent use.
-// Errors that mean the database could not be reached are marked outboxkit.Transport.
+// Errors that mean the database could not be reached are marked outboxkit.Unreachable.
 type Store interface {
 	// Info describes the store: its name and its schema.
 	Info() Info
@@ -37,7 +37,7 @@ type Store interface {
 	// on this database — means the database could not be reached or dropped the session (a
 	// failed connect, a lost connection, the server shutting down or out of connections), rather
 	// than that it refused the statement.
-	Unreachable(err error) bool
+	IsUnreachable(err error) bool
 
 	// Migrate creates or upgrades outboxkit's tables. It is idempotent and safe to run from
 	// several processes at once, and refuses a database migrated by a newer build.

@@ -70,7 +70,7 @@ var ErrUnroutable = errors.New("unroutable: no queue is bound to the exchange")
 // timestamp, and metadata travels as headers in watermill-amqp's format (plus cloudEvents:*
 // properties with CloudEvents). Errors that mean the broker could not be reached (no
 // connection, connection lost, no confirm before the message context's deadline, a negative
-// confirm) are marked outboxkit.Transport; a refusal of the message (unroutable, a channel-level
+// confirm) are marked outboxkit.Unreachable; a refusal of the message (unroutable, a channel-level
 // exception such as an oversized message) is not.
 //
 // It is built on watermill-amqp v3's marshaler and naming, but publishes itself because
@@ -109,7 +109,7 @@ type sharedChannel struct {
 }
 
 // NewPublisher builds the publisher. A malformed URL fails here; the connection is made on the
-// first Publish (an unreachable broker is then a transport error, and the forwarder's circuit
+// first Publish (an unreachable broker is then an unreachable error, and the forwarder's circuit
 // waits for it), so a process starts while its broker is down.
 func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	if cfg.URL == "" {
@@ -157,7 +157,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	}
 	sc, err := p.channel(ctx)
 	if err != nil {
-		return outboxkit.Transport(err)
+		return outboxkit.Unreachable(err)
 	}
 
 	confirms := make([]*amqp.DeferredConfirmation, 0, len(msgs))
@@ -171,7 +171,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		dc, err := sc.ch.PublishWithDeferredConfirmWithContext(ctx, topic, "", true, false, pub)
 		if err != nil {
 			if ctx.Err() != nil {
-				return outboxkit.Transport(fmt.Errorf("publish message %s: %w", msg.UUID, err))
+				return outboxkit.Unreachable(fmt.Errorf("publish message %s: %w", msg.UUID, err))
 			}
 			return sc.failure(0, fmt.Errorf("publish message %s: %w", msg.UUID, err))
 		}
@@ -186,7 +186,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 			// No confirm in time: the connection is suspect (a black hole does not answer a channel
 			// close either), so drop it under a deadline; the next publish reconnects.
 			p.dropConnection(sc.gen)
-			return outboxkit.Transport(fmt.Errorf("no confirm for message %s: %w", msgs[i].UUID, ctx.Err()))
+			return outboxkit.Unreachable(fmt.Errorf("no confirm for message %s: %w", msgs[i].UUID, ctx.Err()))
 		}
 		if !dc.Acked() {
 			return sc.failure(dc.DeliveryTag, fmt.Errorf("broker did not confirm message %s", msgs[i].UUID))
@@ -275,7 +275,7 @@ func (sc *sharedChannel) takeReturn(id string) bool {
 // failed, 404 not found, 403 access refused…) refused one message, but the broker does not say
 // which, and every message in flight on the channel is nacked with it. So the message is blamed
 // (a message error, its attempt counted) only when it was the one unconfirmed message on the
-// channel; in a crowd every message gets a transport error and no attempt is counted. The
+// channel; in a crowd every message gets an unreachable error and no attempt is counted. The
 // forwarder then probes with a single message, which names the culprit when its turn comes.
 // Anything else means the broker was not reachable.
 func (sc *sharedChannel) failure(tag uint64, err error) error {
@@ -284,12 +284,12 @@ func (sc *sharedChannel) failure(tag uint64, err error) error {
 	sc.drain()
 	e := sc.closeErr
 	if e == nil {
-		return outboxkit.Transport(err)
+		return outboxkit.Unreachable(err)
 	}
 	if e.Recover && tag != 0 && sc.aloneUnconfirmed(tag) {
 		return fmt.Errorf("%w: broker closed the channel: %s (%d)", err, e.Reason, e.Code)
 	}
-	return outboxkit.Transport(fmt.Errorf("%w: channel closed: %s (%d)", err, e.Reason, e.Code))
+	return outboxkit.Unreachable(fmt.Errorf("%w: channel closed: %s (%d)", err, e.Reason, e.Code))
 }
 
 // aloneUnconfirmed reports whether every other message in flight on sc was confirmed. The broker
@@ -389,7 +389,7 @@ func (p *Publisher) channel(ctx context.Context) (*sharedChannel, error) {
 func (p *Publisher) declare(ctx context.Context, exchange string) error {
 	conn, gen, err := p.connection()
 	if err != nil {
-		return outboxkit.Transport(err)
+		return outboxkit.Unreachable(err)
 	}
 	p.mu.Lock()
 	done := p.declared[exchange]
@@ -400,7 +400,7 @@ func (p *Publisher) declare(ctx context.Context, exchange string) error {
 	err = p.rpc(ctx, conn, func() error {
 		ch, err := conn.Channel()
 		if err != nil {
-			return outboxkit.Transport(fmt.Errorf("open channel: %w", err))
+			return outboxkit.Unreachable(fmt.Errorf("open channel: %w", err))
 		}
 		defer ch.Close() //nolint:errcheck // closed by the broker already when the declaration failed
 		if err := ch.ExchangeDeclare(exchange, "fanout", true, false, false, false, nil); err != nil {
@@ -418,7 +418,7 @@ func (p *Publisher) declare(ctx context.Context, exchange string) error {
 		if errors.As(err, &ae) && ae.Recover && !conn.IsClosed() {
 			return fmt.Errorf("declare exchange %q: %w", exchange, err)
 		}
-		return outboxkit.Transport(fmt.Errorf("declare exchange %q: %w", exchange, err))
+		return outboxkit.Unreachable(fmt.Errorf("declare exchange %q: %w", exchange, err))
 	}
 	p.mu.Lock()
 	if gen == p.gen {
@@ -442,7 +442,7 @@ func (p *Publisher) rpc(ctx context.Context, conn *amqp.Connection, call func() 
 			_ = conn.CloseDeadline(time.Now().Add(time.Second))
 		}
 		<-done
-		return outboxkit.Transport(fmt.Errorf("broker did not answer: %w", ctx.Err()))
+		return outboxkit.Unreachable(fmt.Errorf("broker did not answer: %w", ctx.Err()))
 	}
 }
 
@@ -457,7 +457,7 @@ func (p *Publisher) dropConnection(gen uint64) {
 	}
 }
 
-// Close closes the connection. Publishes in progress fail with a transport error.
+// Close closes the connection. Publishes in progress fail as unreachable.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -514,7 +514,7 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 			if err != nil {
 				return nil, err
 			}
-			return brokerio.NewRetryingSubscriber(sub, outboxkit.Transport, opts.Logger), nil
+			return brokerio.NewRetryingSubscriber(sub, outboxkit.Unreachable, opts.Logger), nil
 		},
 		Close: []func() error{pub.Close, lag.close},
 	}, nil

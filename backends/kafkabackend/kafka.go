@@ -162,7 +162,7 @@ func classifyKafka(err error) error {
 			sarama.ErrInvalidTopic, sarama.ErrTopicAuthorizationFailed, sarama.ErrInvalidRecord:
 			return err // the message or its topic is refused
 		}
-		return outboxkit.Transport(err) // leaders moving, replicas behind, timeouts: try later
+		return outboxkit.Unreachable(err) // leaders moving, replicas behind, timeouts: try later
 	}
 	// Sarama's own circuit breaker opens after a few failed requests to a broker: the cluster is
 	// unreachable, not the message wrong. So are lost connections and timeouts.
@@ -171,11 +171,11 @@ func classifyKafka(err error) error {
 		io.EOF, io.ErrUnexpectedEOF, syscall.ECONNRESET, syscall.ECONNREFUSED, syscall.EPIPE,
 		context.DeadlineExceeded, os.ErrDeadlineExceeded} {
 		if errors.Is(err, t) {
-			return outboxkit.Transport(err)
+			return outboxkit.Unreachable(err)
 		}
 	}
 	if _, ok := errors.AsType[net.Error](err); ok {
-		return outboxkit.Transport(err)
+		return outboxkit.Unreachable(err)
 	}
 	return err
 }

@@ -19,7 +19,7 @@ import (
 	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
 )
 
-func TestClassifyKafka_OutageIsTransportRefusalIsNot(t *testing.T) {
+func TestClassifyKafka_OutageIsUnreachableRefusalIsNot(t *testing.T) {
 	wrap := func(err error) error { return fmt.Errorf("cannot produce message 0192: %w", err) }
 	for _, err := range []error{
 		wrap(breaker.ErrBreakerOpen), // Sarama's breaker, seen during an outage
@@ -27,13 +27,13 @@ func TestClassifyKafka_OutageIsTransportRefusalIsNot(t *testing.T) {
 		wrap(&net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}),
 		wrap(sarama.ErrNotLeaderForPartition),
 	} {
-		if !outboxkit.IsTransport(classifyKafka(err)) {
-			t.Errorf("%v: a message error, want a transport error (the broker is unreachable)", err)
+		if !outboxkit.IsUnreachable(classifyKafka(err)) {
+			t.Errorf("%v: a message error, want an unreachable error", err)
 		}
 	}
 	for _, err := range []error{wrap(sarama.ErrMessageSizeTooLarge), wrap(sarama.ErrInvalidTopic), errors.New("marshal: bad key")} {
-		if outboxkit.IsTransport(classifyKafka(err)) {
-			t.Errorf("%v: a transport error, want a message error (the message is refused)", err)
+		if outboxkit.IsUnreachable(classifyKafka(err)) {
+			t.Errorf("%v: an unreachable error, want a message error (the message is refused)", err)
 		}
 	}
 }

@@ -376,7 +376,7 @@ func (p *natsPublisher) jetStream() (jetstream.JetStream, error) {
 	if p.js == nil {
 		js, err := p.connect()
 		if err != nil {
-			return nil, outboxkit.Transport(err)
+			return nil, outboxkit.Unreachable(err)
 		}
 		p.js = js
 	}
@@ -447,7 +447,7 @@ func classifyNATS(err error) error {
 	for _, t := range []error{nats.ErrConnectionClosed, nats.ErrNoServers, nats.ErrTimeout, nats.ErrConnectionDraining,
 		nats.ErrDisconnected, nats.ErrNoResponders, jetstream.ErrNoStreamResponse, context.DeadlineExceeded} {
 		if errors.Is(err, t) {
-			return outboxkit.Transport(err)
+			return outboxkit.Unreachable(err)
 		}
 	}
 	return err

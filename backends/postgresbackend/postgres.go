@@ -155,8 +155,8 @@ func pgTable(prefix, topic string) string {
 }
 
 func classifyPostgres(err error) error {
-	if outboxkit.IsTransport(err) || pgerr.Unreachable(err) {
-		return outboxkit.Transport(err)
+	if outboxkit.IsUnreachable(err) || pgerr.IsUnreachable(err) {
+		return outboxkit.Unreachable(err)
 	}
 	return err
 }

@@ -58,8 +58,8 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 }
 
 func classifyRedis(err error) error {
-	if errors.Is(err, redis.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout) || outboxkit.IsTransport(err) {
-		return outboxkit.Transport(err)
+	if errors.Is(err, redis.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout) || outboxkit.IsUnreachable(err) {
+		return outboxkit.Unreachable(err)
 	}
 	return err
 }

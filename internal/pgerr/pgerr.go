@@ -63,7 +63,7 @@ func constraintOf(err error) string {
 // session, rather than that it refused the statement: a failed connect, a connection lost or
 // reset, the server shutting down, starting up or out of connection slots (SQLSTATE class 08,
 // 57P01-57P03, 53300). Work that failed so is expected to succeed once the database is back.
-func Unreachable(err error) bool {
+func IsUnreachable(err error) bool {
 	if err == nil {
 		return false
 	}

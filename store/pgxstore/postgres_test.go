@@ -506,16 +506,16 @@ func TestUnreachableIsToldApartFromRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = down.OutboxStats(context.Background(), time.Now())
-	if err == nil || !outboxkit.IsTransport(err) || !down.Unreachable(err) {
-		t.Fatalf("stats on a closed port: %v (transport %v); want it marked unreachable", err, outboxkit.IsTransport(err))
+	if err == nil || !outboxkit.IsUnreachable(err) || !down.IsUnreachable(err) {
+		t.Fatalf("stats on a closed port: %v (unreachable %v); want it marked unreachable", err, outboxkit.IsUnreachable(err))
 	}
 	pg := testenv.NewPG(t)
 	_, refused := pg.Pool.Exec(context.Background(), `SELECT * FROM no_such_table`)
-	if refused == nil || pg.Store.Unreachable(refused) {
+	if refused == nil || pg.Store.IsUnreachable(refused) {
 		t.Fatalf("a refused statement (%v) counted as unreachable", refused)
 	}
 	_, cut := pg.Pool.Exec(context.Background(), `SELECT pg_terminate_backend(pg_backend_pid())`)
-	if cut == nil || !pg.Store.Unreachable(cut) {
+	if cut == nil || !pg.Store.IsUnreachable(cut) {
 		t.Fatalf("a session cut by the server (%v) not counted as unreachable", cut)
 	}
 }

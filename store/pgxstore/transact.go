@@ -29,7 +29,7 @@ var ErrTxOwned = errors.New("pgxstore.Transact ends this transaction when fn ret
 // Transact returns the error. What moves is where such an error surfaces: from Transact, not from
 // Publish. A failed COMMIT (a serialization failure, a deferred constraint) returns its error and
 // nothing is committed; a connection lost during the round trip leaves the outcome unknown, as
-// with any COMMIT, and the error is marked outboxkit.Transport.
+// with any COMMIT, and the error is marked outboxkit.Unreachable.
 //
 // fn must not commit or roll back tx itself (Commit and Rollback return ErrTxOwned); savepoints
 // (tx.Begin) work as usual; opts.CommitQuery, when set, is the COMMIT sent. The connection is

@@ -278,8 +278,8 @@ func TestTransactOnALostSessionIsTransport(t *testing.T) {
 		})
 		return nil
 	})
-	if !outboxkit.IsTransport(err) {
-		t.Fatalf("Transact on a terminated session returned %v; want an error marked outboxkit.Transport", err)
+	if !outboxkit.IsUnreachable(err) {
+		t.Fatalf("Transact on a terminated session returned %v; want an error marked outboxkit.Unreachable", err)
 	}
 	if orders, outbox := e.state(t); len(orders) != 0 || len(outbox) != 0 {
 		t.Fatalf("committed orders %v and outbox %v; the lost session must commit nothing", orders, outbox)

@@ -1055,7 +1055,7 @@ func outageNeitherCounts[TTx any](t *testing.T, h Harness[TTx]) {
 	var tries atomic.Int32
 	hf := func(m *message.Message) error {
 		if tries.Add(1) <= 5 {
-			return outboxkit.Transport(errors.New("payment gateway: connection refused"))
+			return outboxkit.Unreachable(errors.New("payment gateway: connection refused"))
 		}
 		return e.effect("billing")(m)
 	}

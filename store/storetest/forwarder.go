@@ -597,14 +597,14 @@ func brokerOutage[TTx any](t *testing.T, h Harness[TTx]) {
 		mu.Lock()
 		defer mu.Unlock()
 		if down {
-			return outboxkit.Transport(errors.New("dial tcp: connection refused"))
+			return outboxkit.Unreachable(errors.New("dial tcp: connection refused"))
 		}
 		return nil
 	})
 	f := newForwarder(t, e.Store, pub, clk, func(c *forwarder.Config) { c.MaxAttempts = 2 })
 	res := dispatch(t, f)
-	if res.TransportErr == nil || res.Failed != 0 {
-		t.Fatalf("pass during outage = %+v, want a transport error and no counted failure", res)
+	if res.UnreachableErr == nil || res.Failed != 0 {
+		t.Fatalf("pass during outage = %+v, want an unreachable error and no counted failure", res)
 	}
 	res = dispatch(t, f)
 	if !res.CircuitOpen || res.Claimed != 0 {

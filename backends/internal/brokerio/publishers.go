@@ -26,7 +26,7 @@ func GroupsOf(consumerGroups map[string][]string, topic string) []string {
 	return groups
 }
 
-// ClassifyingPublisher marks a publisher's errors as transport or message errors at the seam.
+// ClassifyingPublisher marks a publisher's errors as unreachable or message errors at the seam.
 type ClassifyingPublisher struct {
 	message.Publisher
 	Classify func(error) error
@@ -74,7 +74,7 @@ func (p *BoundedPublisher) Publish(topic string, msgs ...*message.Message) error
 		}
 		return nil
 	case <-ctx.Done():
-		return outboxkit.Transport(fmt.Errorf("publish to %s not acknowledged before its deadline: %w", topic, context.Cause(ctx)))
+		return outboxkit.Unreachable(fmt.Errorf("publish to %s not acknowledged before its deadline: %w", topic, context.Cause(ctx)))
 	}
 }
 

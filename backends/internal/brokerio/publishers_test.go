@@ -25,8 +25,8 @@ func TestBoundedPublisher_ReturnsAtTheDeadlineAndCloseWaits(t *testing.T) {
 	defer cancel()
 	msg.SetContext(ctx)
 	err := p.Publish("orders", msg) // returns only through the deadline: the inner call never does
-	if !outboxkit.IsTransport(err) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Publish past its deadline returned %v, want a transport error wrapping the deadline", err)
+	if !outboxkit.IsUnreachable(err) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Publish past its deadline returned %v, want an unreachable error wrapping the deadline", err)
 	}
 	closed := make(chan struct{})
 	go func() { _ = p.Close(); close(closed) }()

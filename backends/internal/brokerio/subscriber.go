@@ -24,7 +24,7 @@ var subscribeRetry = outboxkit.Backoff{Initial: 200 * time.Millisecond, Max: 5 *
 // A router therefore keeps running through a broker outage at start.
 type RetryingSubscriber struct {
 	inner    backends.Subscriber
-	classify func(error) error // marks transport errors
+	classify func(error) error // marks unreachable errors
 	logger   watermill.LoggerAdapter
 	outlets  Outlets
 	wg       sync.WaitGroup
@@ -57,7 +57,7 @@ func (s *RetryingSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 	if err == nil {
 		return s.outlets.Outlet(ctx, in), nil
 	}
-	if err = s.classify(err); !outboxkit.IsTransport(err) {
+	if err = s.classify(err); !outboxkit.IsUnreachable(err) {
 		return nil, err
 	}
 	fields := watermill.LogFields{"topic": topic}
@@ -81,7 +81,7 @@ func (s *RetryingSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 				pending <- in
 				return
 			}
-			if err = s.classify(err); !outboxkit.IsTransport(err) {
+			if err = s.classify(err); !outboxkit.IsUnreachable(err) {
 				s.logger.Error("Cannot subscribe, giving up", err, fields)
 				return
 			}

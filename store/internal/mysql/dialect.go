@@ -263,12 +263,12 @@ func (d *Dialect) Classify(err error) error {
 			return fmt.Errorf("database %s: %w (%v)", d.database, store.ErrNotMigrated, err)
 		case 1040, 1053, 1077, 1152, 1153, 1158, 1159, 1160, 1161, 2002, 2003, 2006, 2013, 1927:
 			// too many connections, server shutdown, aborted connection, lost connection, killed
-			return outboxkit.Transport(err)
+			return outboxkit.Unreachable(err)
 		}
 		return err
 	}
-	if errors.Is(err, gomysql.ErrInvalidConn) || errors.Is(err, driver.ErrBadConn) || outboxkit.IsTransport(err) {
-		return outboxkit.Transport(err)
+	if errors.Is(err, gomysql.ErrInvalidConn) || errors.Is(err, driver.ErrBadConn) || outboxkit.IsUnreachable(err) {
+		return outboxkit.Unreachable(err)
 	}
 	return err
 }

@@ -363,8 +363,8 @@ func (d *Dialect) Classify(err error) error {
 	case code == pgerr.UndefinedTable:
 		return fmt.Errorf("schema %s: %w (%v)", d.schema, store.ErrNotMigrated, err)
 	}
-	if pgerr.Unreachable(err) {
-		return outboxkit.Transport(err)
+	if pgerr.IsUnreachable(err) {
+		return outboxkit.Unreachable(err)
 	}
 	return err
 }

@@ -357,7 +357,7 @@ func (d *Dialect) Classify(err error) error {
 	case strings.Contains(msg, "no such table"):
 		return fmt.Errorf("%s: %w (%v)", d.name, store.ErrNotMigrated, err)
 	case strings.Contains(msg, "database is locked"), strings.Contains(msg, "SQLITE_BUSY"), errors.Is(err, driver.ErrBadConn):
-		return outboxkit.Transport(err) // contention or a lost handle: it passes, the message is not at fault
+		return outboxkit.Unreachable(err) // contention or a lost handle: it passes, the message is not at fault
 	}
 	return err
 }

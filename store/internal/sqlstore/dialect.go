@@ -42,7 +42,7 @@ type Dialect interface {
 	Waker() store.Waker
 	// Migrate brings the schema to the newest version.
 	Migrate(ctx context.Context, db dbexec.DB) (store.MigrateResult, error)
-	// Classify translates a driver error once, at the seam: unreachable → outboxkit.Transport,
+	// Classify translates a driver error once, at the seam: unreachable → outboxkit.Unreachable,
 	// a duplicate outbox UUID → store.ErrDuplicateUUID, a finished or aborted transaction, missing
 	// tables → store.ErrNotMigrated; others unchanged.
 	Classify(err error) error

@@ -35,8 +35,8 @@ func (s *Store) Dialect() Dialect { return s.d }
 func (s *Store) UnwrapTx(tx dbexec.Tx) store.Tx { return userTx{s: s, tx: tx} }
 
 // Unreachable reports whether the dialect reads err as the database failing to answer.
-func (s *Store) Unreachable(err error) bool {
-	return err != nil && outboxkit.IsTransport(s.d.Classify(err))
+func (s *Store) IsUnreachable(err error) bool {
+	return err != nil && outboxkit.IsUnreachable(s.d.Classify(err))
 }
 
 func (s *Store) Info() store.Info { return s.d.Info() }
