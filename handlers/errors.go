@@ -9,7 +9,7 @@ func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
 func (e *permanentError) Unwrap() error { return e.err }
 
 // Permanent wraps err to say that processing the message again cannot succeed: the dead-letter
-// middleware quarantines it at once instead of retrying. Permanent(nil) returns nil.
+// middleware dead-letters it at once instead of retrying. Permanent(nil) returns nil.
 func Permanent(err error) error {
 	if err == nil || IsPermanent(err) {
 		return err

@@ -25,7 +25,7 @@ type Decoder[T any] func(payload []byte, into *T) error
 var ErrNoTx = errors.New("no transaction in the message context: put the inbox middleware in front of this handler")
 
 // JSON turns fn into a Watermill handler that decodes the payload as JSON into a T. A payload that
-// does not decode is a permanent error: quarantined at once, never retried.
+// does not decode is a permanent error: dead-lettered at once, never retried.
 func JSON[TTx, T any](fn Func[TTx, T]) message.NoPublishHandlerFunc {
 	return Decoded(func(payload []byte, into *T) error { return json.Unmarshal(payload, into) }, fn)
 }
@@ -34,7 +34,7 @@ func JSON[TTx, T any](fn Func[TTx, T]) message.NoPublishHandlerFunc {
 //
 // A handler whose TTx is not the store's transaction type (a pgx.Tx handler behind a database/sql
 // store) fails with a permanent error that names both types: every message it is given is
-// quarantined, and replayable once the handler or the store is changed.
+// dead-lettered, and replayable once the handler or the store is changed.
 func Decoded[TTx, T any](decode Decoder[T], fn Func[TTx, T]) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		ctx := msg.Context()

@@ -15,7 +15,7 @@ import (
 
 // The consumers' database goes away for 10 s mid-stream (a restart, a failover): every session is
 // cut and new ones are refused, while the relay, on a database connection of its own, keeps
-// publishing. Nothing may be quarantined for it, every effect must happen exactly once once the
+// publishing. Nothing may be dead-lettered for it, every effect must happen exactly once once the
 // database is back, and the consumer must wait for it with backoff instead of knocking thousands
 // of times a second (a broker that redelivers a nacked message at once turns every nack into a
 // new attempt).
@@ -67,7 +67,7 @@ func TestConsumer_DatabaseOutageBacksOffAndLosesNothing(t *testing.T) {
 				return countEffects(t, pgDB(pg), "app") >= 2*perPhase
 			})
 			if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.dead_letters`); n != 0 {
-				t.Fatalf("%d messages were quarantined because the database was unreachable; an outage must only delay", n)
+				t.Fatalf("%d messages were dead-lettered because the database was unreachable; an outage must only delay", n)
 			}
 			if n := countEffects(t, pgDB(pg), "app"); n != 2*perPhase {
 				t.Fatalf("%d effects, want exactly %d", n, 2*perPhase)

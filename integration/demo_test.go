@@ -303,7 +303,7 @@ func TestDemo_OutboxctlDeadLetterRoundTrip(t *testing.T) {
 	if code, _ := d.placeOrder(t, uuid.NewString(), "mallory"); code != http.StatusCreated {
 		t.Fatalf("order: %d", code)
 	}
-	testenv.Eventually(t, 60*time.Second, "billing to quarantine mallory's order", func() bool {
+	testenv.Eventually(t, 60*time.Second, "billing to dead-letter mallory's order", func() bool {
 		_, _, dead := status(t, pg).consumer("billing")
 		return dead == 1
 	})

@@ -58,7 +58,7 @@ func drainRelay(t *testing.T, pg *testenv.PG, b *backends.Backend) {
 
 // A Node.js service on the stock amqplib produces into outboxkit's inbox stack: one message that
 // sets only messageId (and type, contentType), one CloudEvent in the AMQP binding's binary mode,
-// and the first one again. Both are applied once, the repeat is absorbed, nothing is quarantined.
+// and the first one again. Both are applied once, the repeat is absorbed, nothing is dead-lettered.
 func TestInterop_NodeAMQPProducerIntoTheInbox(t *testing.T) {
 	t.Parallel()
 	node, script := testenv.NodeAMQP(t)
@@ -84,7 +84,7 @@ func TestInterop_NodeAMQPProducerIntoTheInbox(t *testing.T) {
 		return countEffects(t, pgDB(pg), "billing") == 2 && pg.Int(t, `SELECT coalesce(sum(duplicates), 0) FROM {{schema}}.inbox`) == 1
 	})
 	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.dead_letters`); n != 0 {
-		t.Fatalf("%d messages quarantined: a message without Watermill's UUID header must be read by its message_id or CloudEvents id", n)
+		t.Fatalf("%d messages dead-lettered: a message without Watermill's UUID header must be read by its message_id or CloudEvents id", n)
 	}
 	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.effects WHERE (message_id, pkey) IN (('node-1', ''), ('node-ce-2', 'o-2'))`); n != 2 {
 		t.Fatalf("the effects do not carry the producers' ids and partition key")
@@ -175,7 +175,7 @@ func TestInterop_KcatBothWays(t *testing.T) {
 			t.Fatalf("the effects do not carry kcat's ids and record keys")
 		}
 		if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.dead_letters`); n != 0 {
-			t.Fatalf("%d messages quarantined", n)
+			t.Fatalf("%d messages dead-lettered", n)
 		}
 	})
 

@@ -17,11 +17,11 @@ import (
 	"github.com/outboxkit/outboxkit/store"
 )
 
-// On every backend: a message is quarantined, an operator replays it at once, and the handler
+// On every backend: a message is dead-lettered, an operator replays it at once, and the handler
 // runs again. A broker that deduplicates on the message id (JetStream's Nats-Msg-Id within its
 // DuplicateWindow) must not swallow the replay while the replay reports success; the inbox still
 // deduplicates on the message's UUID.
-func TestReplay_ArrivesOnEveryBackendRightAfterTheQuarantine(t *testing.T) {
+func TestReplay_ArrivesOnEveryBackendRightAfterItIsDeadLettered(t *testing.T) {
 	for _, bc := range backendCases {
 		t.Run(bc.scheme, func(t *testing.T) {
 			t.Parallel()
@@ -80,7 +80,7 @@ func TestReplay_ArrivesOnEveryBackendRightAfterTheQuarantine(t *testing.T) {
 			if err := b.Publisher.Publish(topic, msg); err != nil {
 				t.Fatal(err)
 			}
-			testenv.Eventually(t, 60*time.Second, "the message to be quarantined", func() bool {
+			testenv.Eventually(t, 60*time.Second, "the message to be dead-lettered", func() bool {
 				return pg.Int(t, `SELECT count(*) FROM {{schema}}.dead_letters WHERE message_id = $1`, msg.UUID) == 1
 			})
 			replayed, err := middleware.ReplayDeadLetters(context.Background(),
@@ -95,7 +95,7 @@ func TestReplay_ArrivesOnEveryBackendRightAfterTheQuarantine(t *testing.T) {
 			mu.Lock()
 			defer mu.Unlock()
 			if runs[msg.UUID] != 2 {
-				t.Fatalf("the handler ran %d times, want twice (the quarantined delivery and the replay)", runs[msg.UUID])
+				t.Fatalf("the handler ran %d times, want twice (the dead-lettered delivery and the replay)", runs[msg.UUID])
 			}
 		})
 	}

@@ -89,10 +89,10 @@ type BatchConsumer struct {
 // Everything else is the per-message stack's, unchanged, because the batch hands it over: a
 // delivery the broker does not vouch is the first (a redelivery, or a broker that does not say)
 // runs through the stack on its own, in its place in the order, so it is counted, locked and
-// quarantined as usual; when anything in a batch fails — a handler's error or panic, a message
+// dead-lettered as usual; when anything in a batch fails — a handler's error or panic, a message
 // past the inbox retention, an order guard's early version, the database — the batch rolls back
 // and each of its messages runs through the stack one at a time, so a poison message is
-// quarantined alone (at once when its error is permanent) while the others commit. A crash before
+// dead-lettered alone (at once when its error is permanent) while the others commit. A crash before
 // the commit leaves no effect of the batch; the broker delivers it again. Per-key order holds: a
 // batch's messages are applied in arrival order, and a batch starts when the one before it is
 // settled.
@@ -255,7 +255,7 @@ func (c *BatchConsumer) batchable(m *message.Message) bool {
 }
 
 // one runs a delivery through the per-message stack and settles it with the broker. A handler
-// that panics is nacked, as a crash would leave it: the redelivery is counted, and quarantined
+// that panics is nacked, as a crash would leave it: the redelivery is counted, and dead-lettered
 // after MaxDeliveries.
 func (c *BatchConsumer) one(m *message.Message) {
 	m.SetContext(withPublishTopic(m.Context(), c.cfg.PublishTopic))
@@ -308,7 +308,7 @@ func (c *BatchConsumer) commitRun(run []*message.Message) {
 }
 
 // errRetention sends a delivery past the inbox retention to the per-message stack, which
-// quarantines it as a possible duplicate.
+// dead-letters it as a possible duplicate.
 var errRetention = errors.New("a message older than the inbox retention")
 
 // inTransaction inserts the run's inbox rows, runs the handler for each new message and commits.

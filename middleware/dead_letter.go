@@ -15,7 +15,7 @@ import (
 	"github.com/outboxkit/outboxkit/store"
 )
 
-// DefaultMaxDeliveries is how many deliveries a message gets before it is quarantined.
+// DefaultMaxDeliveries is how many deliveries a message gets before it is dead-lettered.
 const DefaultMaxDeliveries = 5
 
 // DeadLetterConfig configures NewDeadLetter.
@@ -25,36 +25,46 @@ type DeadLetterConfig struct {
 	// Consumer names the consuming service. Required.
 	Consumer string
 
-	// MaxDeliveries is how many deliveries a message gets: it is quarantined when the handler
+	// MaxDeliveries is how many deliveries a message gets: it is dead-lettered when the handler
 	// fails on the last one, or before the handler runs when it arrives more often than that (the
 	// earlier deliveries never finished: the handler may be crashing the process). It needs
-	// DeliveryCount further out in the stack; without it only permanent errors quarantine.
+	// DeliveryCount further out in the stack; without it only permanent errors dead-letter.
 	// Default DefaultMaxDeliveries (5).
 	MaxDeliveries int
 
-	// DisableTable stops quarantined messages from being stored in the dead_letters table, from
+	// DisableTable stops dead-lettered messages from being stored in the dead_letters table, from
 	// which ReplayDeadLetters re-publishes them. Default false: they are stored. At least one of
 	// the table and a poison topic must be used.
 	DisableTable bool
 
-	// PoisonPublisher and PoisonTopic, when set, also send quarantined messages to a poison topic
+	// DeadLetterPublisher and DeadLetterTopic, when set, also send dead-lettered messages to a topic of their own
 	// through Watermill's PoisonQueue middleware, with its metadata (reason_poisoned,
 	// topic_poisoned, handler_poisoned, subscriber_poisoned). Default: no poison topic.
+	DeadLetterPublisher message.Publisher
+	DeadLetterTopic     string
+	// PoisonPublisher and PoisonTopic are the former names of DeadLetterPublisher and
+	// DeadLetterTopic.
+	//
+	// Deprecated: use DeadLetterPublisher and DeadLetterTopic; these are read only when those are
+	// unset.
 	PoisonPublisher message.Publisher
 	PoisonTopic     string
 
-	// IsUnreachable recognises failures to reach a dependency: they are never quarantined, not
+	// IsUnreachable recognises failures to reach a dependency: they are never dead-lettered, not
 	// even on the last allowed delivery, since the message is not at fault. Default
 	// IsUnreachableIn(Store).
 	IsUnreachable func(error) bool
 
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
-	// Logger receives one line per quarantined message. Default: none.
+	// Logger receives one line per dead-lettered message. Default: none.
 	Logger watermill.LoggerAdapter
 }
 
 func (c DeadLetterConfig) withDefaults() DeadLetterConfig {
+	if c.DeadLetterPublisher == nil && c.DeadLetterTopic == "" {
+		c.DeadLetterPublisher, c.DeadLetterTopic = c.PoisonPublisher, c.PoisonTopic
+	}
 	if c.MaxDeliveries == 0 {
 		c.MaxDeliveries = DefaultMaxDeliveries
 	}
@@ -75,25 +85,25 @@ func (c DeadLetterConfig) validate() error {
 	if c.MaxDeliveries < 1 {
 		errs = append(errs, fmt.Errorf("field MaxDeliveries must be at least 1, got %d", c.MaxDeliveries))
 	}
-	if (c.PoisonPublisher == nil) != (c.PoisonTopic == "") {
-		errs = append(errs, errors.New("fields PoisonPublisher and PoisonTopic go together: set both or neither"))
+	if (c.DeadLetterPublisher == nil) != (c.DeadLetterTopic == "") {
+		errs = append(errs, errors.New("fields DeadLetterPublisher and DeadLetterTopic go together: set both or neither"))
 	}
-	if c.DisableTable && c.PoisonPublisher == nil {
-		errs = append(errs, errors.New("field DisableTable leaves quarantined messages nowhere: set PoisonPublisher and PoisonTopic"))
+	if c.DisableTable && c.DeadLetterPublisher == nil {
+		errs = append(errs, errors.New("field DisableTable leaves dead-lettered messages nowhere: set DeadLetterPublisher and DeadLetterTopic"))
 	}
 	return errors.Join(errs...)
 }
 
-// quarantined carries a message from our middleware to Watermill's PoisonQueue.
-type quarantined struct{ reason string }
+// dead-lettered carries a message from our middleware to Watermill's PoisonQueue.
+type deadLettered struct{ reason string }
 
-func (q *quarantined) Error() string { return "quarantined: " + q.reason }
+func (q *deadLettered) Error() string { return "dead-lettered: " + q.reason }
 
-// NewDeadLetter quarantines a message that cannot be processed — one the handler failed with a
+// NewDeadLetter dead-letters a message that cannot be processed — one the handler failed with a
 // permanent error, failed on its last allowed delivery, or never finished within MaxDeliveries —
 // and acknowledges it, so the queue keeps flowing behind it. A message delivered more often than
 // MaxDeliveries that was in fact processed (duplicates) is acknowledged as a duplicate instead.
-// Other errors are returned, so the message is retried. If storing or sending the quarantined
+// Other errors are returned, so the message is retried. If storing or sending the dead-lettered
 // message fails, the message is not acknowledged: nothing is ever dropped.
 func NewDeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 	cfg = cfg.withDefaults()
@@ -104,11 +114,11 @@ func NewDeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
 	deadLetter := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) { return dl.handle(h, msg) }
 	}
-	if cfg.PoisonPublisher == nil {
+	if cfg.DeadLetterPublisher == nil {
 		return deadLetter, nil
 	}
-	poison, err := wmiddleware.PoisonQueueWithFilter(cfg.PoisonPublisher, cfg.PoisonTopic, func(err error) bool {
-		var q *quarantined
+	poison, err := wmiddleware.PoisonQueueWithFilter(cfg.DeadLetterPublisher, cfg.DeadLetterTopic, func(err error) bool {
+		var q *deadLettered
 		return errors.As(err, &q)
 	})
 	if err != nil {
@@ -132,7 +142,7 @@ func (dl *deadLetter) handle(h message.HandlerFunc, msg *message.Message) ([]*me
 			d.duplicate = true
 			return nil, nil
 		}
-		return nil, dl.quarantine(msg, d, fmt.Sprintf(
+		return nil, dl.deadLetter(msg, d, fmt.Sprintf(
 			"delivered %d times without finishing (at most %d allowed): the handler may be crashing the process",
 			d.count, dl.cfg.MaxDeliveries))
 	}
@@ -143,33 +153,33 @@ func (dl *deadLetter) handle(h message.HandlerFunc, msg *message.Message) ([]*me
 	case dl.cfg.IsUnreachable(err) && !handlers.IsPermanent(err):
 		return out, err // not the message's fault: the circuit waits for the dependency
 	case handlers.IsPermanent(err):
-		return nil, dl.quarantine(msg, d, err.Error())
+		return nil, dl.deadLetter(msg, d, err.Error())
 	case d.count >= dl.cfg.MaxDeliveries:
-		return nil, dl.quarantine(msg, d, fmt.Sprintf("failed on delivery %d of %d: %v", d.count, dl.cfg.MaxDeliveries, err))
+		return nil, dl.deadLetter(msg, d, fmt.Sprintf("failed on delivery %d of %d: %v", d.count, dl.cfg.MaxDeliveries, err))
 	}
 	return out, err
 }
 
-func (dl *deadLetter) quarantine(msg *message.Message, d *delivery, reason string) error {
+func (dl *deadLetter) deadLetter(msg *message.Message, d *delivery, reason string) error {
 	reason = dbtext.Storable(reason)
 	if !dl.cfg.DisableTable {
 		metadata, err := json.Marshal(msg.Metadata)
 		if err != nil || msg.Metadata == nil {
 			metadata = []byte("{}")
 		}
-		if err := d.session(dl.cfg.Store).Quarantine(msg.Context(), store.Quarantine{
+		if err := d.session(dl.cfg.Store).DeadLetter(msg.Context(), store.InboxDeadLetter{
 			Consumer: dl.cfg.Consumer, Topic: message.SubscribeTopicFromCtx(msg.Context()), MessageID: msg.UUID,
 			Payload: msg.Payload, Metadata: metadata, Reason: reason, Deliveries: d.count, Now: dl.cfg.Now(),
 		}); err != nil {
-			return fmt.Errorf("quarantine message %s (%s): %w", msg.UUID, reason, err)
+			return fmt.Errorf("dead-letter message %s (%s): %w", msg.UUID, reason, err)
 		}
 	}
 	d.deadLettered = true
-	dl.cfg.Logger.Info("Message quarantined", watermill.LogFields{
+	dl.cfg.Logger.Info("Message dead-lettered", watermill.LogFields{
 		"consumer": dl.cfg.Consumer, "message_uuid": msg.UUID, "deliveries": d.count, "reason": reason,
 	})
-	if dl.cfg.PoisonPublisher != nil {
-		return &quarantined{reason: reason}
+	if dl.cfg.DeadLetterPublisher != nil {
+		return &deadLettered{reason: reason}
 	}
 	return nil
 }

@@ -59,7 +59,7 @@ func (c DeliveryCountConfig) validate() error {
 // NewDeliveryCount counts every delivery of a message to this consumer in inbox_deliveries, in a
 // commit of its own before the inner handler runs, and exposes the count through Deliveries(ctx).
 // Because the count is committed first, a message that crashes the process is counted too, and the
-// dead-letter middleware can quarantine it once it has been delivered too often.
+// dead-letter middleware can dead-letter it once it has been delivered too often.
 //
 // Deliveries of one message to one consumer are serialized: the middleware holds a connection
 // with a lock on the message for the whole delivery (an advisory lock, GET_LOCK, SQLite's single
@@ -92,7 +92,7 @@ type deliveryCount struct{ cfg DeliveryCountConfig }
 
 func (dc *deliveryCount) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
 	if msg.UUID == "" {
-		return h(msg) // nothing to count by; the inbox quarantines it
+		return h(msg) // nothing to count by; the inbox dead-letters it
 	}
 	d := deliveryOf(msg)
 	redelivered, known := outboxkit.Redelivered(msg.Context())

@@ -7,7 +7,7 @@
 // Metrics sees every outcome. Circuit holds every message while a dependency (the database, a
 // service the handler calls) is unreachable and probes it with backoff, so an outage delays and
 // never counts toward a message's deliveries. DeliveryCount counts the delivery in its own commit before anything
-// else runs, so a message that crashes the process is still counted. DeadLetter quarantines a
+// else runs, so a message that crashes the process is still counted. DeadLetter dead-letters a
 // message that failed permanently or on its last allowed delivery (or that was delivered more times
 // than allowed without ever finishing) and acknowledges it, so the queue keeps flowing. Retry
 // retries in-process with backoff, each attempt a fresh inbox transaction. Inbox inserts the

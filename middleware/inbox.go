@@ -27,7 +27,7 @@ type InboxConfig struct {
 
 	// Retention is the deduplication window: inbox rows older than it may be pruned (PruneInbox),
 	// after which a redelivery could no longer be recognised. So a message whose outbox row was
-	// written longer ago than Retention, and which has no inbox row, is quarantined as a possible
+	// written longer ago than Retention, and which has no inbox row, is dead-lettered as a possible
 	// duplicate instead of being processed as new. It must outlast the broker's redelivery horizon
 	// and any replay you might do. Default DefaultInboxRetention (7 days).
 	Retention time.Duration
@@ -206,7 +206,7 @@ type PruneConfig struct {
 //
 // olderThan is the deduplication window: a redelivery arriving after its inbox row is gone would be
 // processed again. Keep it longer than the broker's redelivery horizon and any replay you might
-// run, and equal to the inbox middleware's Retention, which quarantines messages older than it.
+// run, and equal to the inbox middleware's Retention, which dead-letters messages older than it.
 func PruneInbox(ctx context.Context, cfg PruneConfig, olderThan time.Duration) (int, error) {
 	var errs []error
 	if cfg.Store == nil {

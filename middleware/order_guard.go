@@ -63,7 +63,7 @@ func (c OrderGuardConfig) validate() error {
 // redelivers in place (Kafka, Redis Streams) would block everything behind it, nor counts toward
 // MaxDeliveries. The transaction that applies its predecessor then applies it too, and whatever
 // was parked after it, in version order. A parked message that fails for good when its turn comes
-// (a permanent error) is quarantined, and its predecessor still commits; any other failure rolls
+// (a permanent error) is dead-lettered, and its predecessor still commits; any other failure rolls
 // the whole transaction back, and the predecessor's delivery is retried.
 //
 // A parked message waits for as long as its predecessor takes: a predecessor in the dead letters
@@ -175,7 +175,7 @@ func (g *orderGuard) applyParked(h message.HandlerFunc, msg *message.Message, d 
 			if err := d.inbox.RollbackToSavepoint(ctx); err != nil {
 				return nil, fmt.Errorf("order guard: %w", err)
 			}
-			if err := d.inbox.QuarantineParked(ctx, store.Quarantine{Consumer: g.cfg.Consumer, Topic: p.Topic, MessageID: p.MessageID,
+			if err := d.inbox.DeadLetterParked(ctx, store.InboxDeadLetter{Consumer: g.cfg.Consumer, Topic: p.Topic, MessageID: p.MessageID,
 				Payload: p.Payload, Metadata: p.Metadata, Deliveries: 1, Now: g.cfg.Now(),
 				Reason: dbtext.Storable(fmt.Sprintf("parked version %d of key %s failed when its turn came: %v", next, key, herr)),
 			}); err != nil {

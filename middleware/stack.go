@@ -21,7 +21,7 @@ type StackConfig struct {
 	// Consumer names the consuming service (Shipping, Billing…). Required; it must not change.
 	Consumer string
 
-	// MaxDeliveries before quarantine. Default DefaultMaxDeliveries (5).
+	// MaxDeliveries before a message is dead-lettered. Default DefaultMaxDeliveries (5).
 	MaxDeliveries int
 	// MaxRetries in-process before the error goes out. Default DefaultMaxRetries (3); -1 for none.
 	MaxRetries int
@@ -33,7 +33,13 @@ type StackConfig struct {
 	DisableFastPath bool
 	// CountFirstDeliveries: see DeliveryCountConfig. Default false.
 	CountFirstDeliveries bool
-	// PoisonPublisher and PoisonTopic also send quarantined messages to a poison topic.
+	// DeadLetterPublisher and DeadLetterTopic also send dead-lettered messages to a topic of their own.
+	DeadLetterPublisher message.Publisher
+	DeadLetterTopic     string
+	// PoisonPublisher and PoisonTopic are the former names of DeadLetterPublisher and
+	// DeadLetterTopic.
+	//
+	// Deprecated: use DeadLetterPublisher and DeadLetterTopic.
 	PoisonPublisher message.Publisher
 	PoisonTopic     string
 	// OrderGuard adds the per-key version guard (see NewOrderGuard), configured by its fields;
@@ -88,7 +94,8 @@ func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 	add(NewDeliveryCount(DeliveryCountConfig{Store: cfg.Store, Consumer: cfg.Consumer,
 		Now: cfg.Now, Logger: cfg.Logger, CountFirstDeliveries: cfg.CountFirstDeliveries, IsUnreachable: cfg.IsUnreachable}))
 	add(NewDeadLetter(DeadLetterConfig{Store: cfg.Store, Consumer: cfg.Consumer,
-		MaxDeliveries: cfg.MaxDeliveries, PoisonPublisher: cfg.PoisonPublisher, PoisonTopic: cfg.PoisonTopic,
+		MaxDeliveries: cfg.MaxDeliveries, DeadLetterPublisher: cfg.DeadLetterPublisher, DeadLetterTopic: cfg.DeadLetterTopic,
+		PoisonPublisher: cfg.PoisonPublisher, PoisonTopic: cfg.PoisonTopic,
 		IsUnreachable: cfg.IsUnreachable, Now: cfg.Now, Logger: cfg.Logger}))
 	add(NewRetry(RetryConfig{MaxRetries: cfg.MaxRetries, Backoff: cfg.RetryBackoff, IsUnreachable: cfg.IsUnreachable, Logger: cfg.Logger}))
 	add(NewInbox(InboxConfig{Store: cfg.Store, Consumer: cfg.Consumer,

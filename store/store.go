@@ -68,10 +68,10 @@ type Store interface {
 	RecordFirstFailure(ctx context.Context, consumer, messageID string, now time.Time, errText string) error
 	// ConsumerStats reads, per consumer, what the inbox tables hold.
 	ConsumerStats(ctx context.Context, now time.Time) ([]ConsumerStats, error)
-	// DeadLettersWaiting reads how many of consumer's quarantined messages wait for a replay, and
+	// DeadLettersWaiting reads how many of consumer's dead-lettered messages wait for a replay, and
 	// how long the oldest has waited. Cheap: it reads an index of waiting letters, at every scrape.
 	DeadLettersWaiting(ctx context.Context, consumer string, now time.Time) (WaitingLetters, error)
-	// InboxDeadLetters lists consumers' quarantined messages matching f, oldest first.
+	// InboxDeadLetters lists consumers' dead-lettered messages matching f, oldest first.
 	InboxDeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error)
 	// ResetDeliveries forgets a message's delivery count, before it is replayed.
 	ResetDeliveries(ctx context.Context, consumer, messageID string) error
@@ -196,11 +196,11 @@ type OutboxStats struct {
 }
 
 // DeadLetter is a message parked on either side: an outbox row dead-lettered after its publishes
-// failed, or a message a consumer quarantined.
+// failed, or a message a consumer dead-lettered.
 type DeadLetter struct {
 	// ID is the outbox row's seq, or the consumer dead letter's id.
 	ID int64 `json:"id"`
-	// Consumer that quarantined it; "" for an outbox row.
+	// Consumer that dead-lettered it; "" for an outbox row.
 	Consumer     string            `json:"consumer,omitempty"`
 	Topic        string            `json:"topic"`
 	MessageID    string            `json:"message_id"`
@@ -266,9 +266,9 @@ type Session interface {
 	// Processed reports exactly whether the consumer has processed the message: it waits for a
 	// delivery of it in progress elsewhere to end.
 	Processed(ctx context.Context, consumer, messageID string, now time.Time) (bool, error)
-	// Quarantine stores a consumer's dead letter. A message quarantined again after a replay
+	// DeadLetter stores a consumer's dead letter. A message dead-lettered again after a replay
 	// updates its row.
-	Quarantine(ctx context.Context, q Quarantine) error
+	DeadLetter(ctx context.Context, q InboxDeadLetter) error
 }
 
 // LockedSession is a Session holding a message's lock (see Store.LockMessage).
@@ -292,8 +292,8 @@ type Parked struct {
 	ParkedAt      time.Time
 }
 
-// Quarantine is a message a consumer dead-letters.
-type Quarantine struct {
+// Dead-letter is a message a consumer dead-letters.
+type InboxDeadLetter struct {
 	Consumer, Topic, MessageID string
 	Payload                    []byte
 	Metadata                   []byte // JSON object
@@ -323,9 +323,9 @@ type InboxTx interface {
 	// TakeParked removes and returns the message parked for a key's version; found is false when
 	// there is none.
 	TakeParked(ctx context.Context, consumer, key string, version int64) (p Parked, found bool, err error)
-	// QuarantineParked dead-letters a parked message that failed for good when its turn came, and
+	// DeadLetterParked dead-letters a parked message that failed for good when its turn came, and
 	// removes its inbox row (written when it was parked), so that a replay of it runs.
-	QuarantineParked(ctx context.Context, q Quarantine) error
+	DeadLetterParked(ctx context.Context, q InboxDeadLetter) error
 	// Savepoint marks the transaction; RollbackToSavepoint undoes what followed the mark.
 	Savepoint(ctx context.Context) error
 	RollbackToSavepoint(ctx context.Context) error
@@ -339,7 +339,7 @@ type ConsumerStats struct {
 	Consumer    string `json:"consumer"`
 	Processed   int64  `json:"processed"`    // messages processed, within the inbox retention
 	Duplicates  int64  `json:"duplicates"`   // deliveries absorbed by the inbox after the first
-	DeadLetters int64  `json:"dead_letters"` // quarantined messages waiting for a replay
+	DeadLetters int64  `json:"dead_letters"` // dead-lettered messages waiting for a replay
 	// Parked counts messages the order guard keeps until an earlier version of their key is
 	// applied (inbox_parked); they are counted in Processed too.
 	Parked int64 `json:"parked"`
@@ -347,7 +347,7 @@ type ConsumerStats struct {
 
 // WaitingLetters is what waits in one consumer's dead letters.
 type WaitingLetters struct {
-	Count     int64         // quarantined messages not yet replayed
+	Count     int64         // dead-lettered messages not yet replayed
 	OldestAge time.Duration // how long the oldest of them has waited; 0 when none
 }
 

@@ -322,7 +322,7 @@ func startStatusLine(ctx context.Context, b *business, o options) (stop func()) 
 	return func() { once.Do(func() { cancel(); <-done }) }
 }
 
-// waitDrained waits until every consumer has handled the placed orders (processed or quarantined).
+// waitDrained waits until every consumer has handled the placed orders (processed or dead-lettered).
 func waitDrained(ctx context.Context, b *business, o options, before snapshot, placed int) (snapshot, error) {
 	deadline := time.Now().Add(o.drainDeadline)
 	for {
@@ -332,7 +332,7 @@ func waitDrained(ctx context.Context, b *business, o options, before snapshot, p
 		}
 		handled := true
 		for _, c := range consumerNames {
-			if s.Processed[c.name]-before.Processed[c.name]+(s.Quarantined-before.Quarantined)/int64(len(consumerNames)) < int64(placed) {
+			if s.Processed[c.name]-before.Processed[c.name]+(s.InboxDeadLetters-before.InboxDeadLetters)/int64(len(consumerNames)) < int64(placed) {
 				handled = false
 			}
 		}
@@ -356,9 +356,9 @@ func summary(o options, before, after snapshot, placed int) string {
 	for _, c := range consumerNames {
 		fmt.Fprintf(&b, " %s %d,", c.name, after.Processed[c.name]-before.Processed[c.name])
 	}
-	fmt.Fprintf(&b, " duplicates absorbed %d, dead letters %d.", after.Duplicates-before.Duplicates, after.Quarantined-before.Quarantined)
+	fmt.Fprintf(&b, " duplicates absorbed %d, dead letters %d.", after.Duplicates-before.Duplicates, after.InboxDeadLetters-before.InboxDeadLetters)
 	if o.poisonEvery > 0 {
-		fmt.Fprintf(&b, "\nthe poisoned events are quarantined: try `go run ./cmd/outboxctl --db '%s' --schema %s inbox dead list`", o.dbURL, o.schema)
+		fmt.Fprintf(&b, "\nthe poisoned events are dead-lettered: try `go run ./cmd/outboxctl --db '%s' --schema %s inbox dead list`", o.dbURL, o.schema)
 	}
 	return b.String()
 }

@@ -85,13 +85,13 @@ func main() {
 	flag.Int64Var(&o.failPublishEvery, "fail-publish-every", 0, "refuse every Nth publish: the forwarder backs off and retries it")
 	flag.Int64Var(&o.crashAfterPublish, "crash-after-publish", 0, "make every Nth relay pass die after publishing, before marking: "+
 		"the rows are published again and every inbox absorbs the duplicates")
-	flag.Int64Var(&o.poisonEvery, "poison-every", 0, "give every Nth order's event a payload no consumer can decode: each consumer quarantines it")
-	flag.StringVar(&o.poisonCustomer, "poison-customer", "", "give the events of this customer's orders a payload no consumer can decode: each consumer quarantines them")
+	flag.Int64Var(&o.poisonEvery, "poison-every", 0, "give every Nth order's event a payload no consumer can decode: each consumer dead-letters it")
+	flag.StringVar(&o.poisonCustomer, "poison-customer", "", "give the events of this customer's orders a payload no consumer can decode: each consumer dead-letters them")
 	flag.Int64Var(&o.consumerCrash, "consumer-crash-every", 0, "make Billing fail before commit on every Nth message: it is rolled back and redelivered")
 	flag.Int64Var(&o.crashAfterCharge, "crash-after-charge-every", 0, "make the process exit (status 3) after Billing's Nth charge at the payment "+
 		"gateway, before its invoice commits: restarted, Billing charges again with the same Idempotency-Key and the gateway charges once (needs a durable broker)")
 	flag.StringVar(&o.rejectCustomer, "reject-customer", "", "make Billing refuse orders of this customer as permanently invalid: "+
-		"they are quarantined; restart without it and replay them with outboxctl")
+		"they are dead-lettered; restart without it and replay them with outboxctl")
 	flag.BoolVar(&o.noInbox, "no-inbox", false, "run the consumers WITHOUT their inbox (and order guard), to show what it prevents: "+
 		"redelivered events are applied again, and the effects table shows it")
 	flag.Parse()

@@ -109,7 +109,7 @@ func (s *orderService) write(ctx context.Context, tx *sql.Tx, o OrderPlaced) err
 	}
 	outboxkit.SetVersion(msg, 1)
 	if n := s.placed.Add(1); (s.poisonEvery > 0 && n%s.poisonEvery == 0) || (s.poisonCustomer != "" && o.Customer == s.poisonCustomer) {
-		msg.Payload = []byte("not json") // --poison-every, --poison-customer: consumers quarantine it
+		msg.Payload = []byte("not json") // --poison-every, --poison-customer: consumers dead-letter it
 	}
 	return s.publish(ctx, tx, msg)
 }

@@ -11,14 +11,14 @@ import (
 
 // snapshot is one status line: what every hop has done so far.
 type snapshot struct {
-	Orders       int
-	Pending      int
-	Published    int
-	DeadLetters  int // outbox
-	Processed    map[string]int64
-	Duplicates   int64
-	Quarantined  int64 // consumers' dead letters
-	OldestAgeSec float64
+	Orders            int
+	Pending           int
+	Published         int
+	OutboxDeadLetters int // outbox
+	Processed         map[string]int64
+	Duplicates        int64
+	InboxDeadLetters  int64 // consumers' dead letters
+	OldestAgeSec      float64
 	// Backlog is what the broker holds for each consumer (waiting and unacknowledged), where the
 	// broker can tell.
 	Backlog map[string]int64
@@ -34,7 +34,7 @@ func takeSnapshot(ctx context.Context, b *business) (snapshot, error) {
 	if err != nil {
 		return s, err
 	}
-	s.Pending, s.DeadLetters, s.OldestAgeSec = st.Pending, st.DeadLettered, st.OldestPendingAge.Seconds()
+	s.Pending, s.OutboxDeadLetters, s.OldestAgeSec = st.Pending, st.DeadLettered, st.OldestPendingAge.Seconds()
 	consumers, err := middleware.Stats(ctx, b.db)
 	if err != nil {
 		return s, err
@@ -42,7 +42,7 @@ func takeSnapshot(ctx context.Context, b *business) (snapshot, error) {
 	for _, c := range consumers {
 		s.Processed[c.Consumer] = c.Processed
 		s.Duplicates += c.Duplicates
-		s.Quarantined += c.DeadLetters
+		s.InboxDeadLetters += c.DeadLetters
 	}
 	if b.lag != nil {
 		for _, c := range consumerNames {
@@ -56,13 +56,13 @@ func takeSnapshot(ctx context.Context, b *business) (snapshot, error) {
 
 func (s snapshot) line() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "orders %d | outbox pending %d, published %d, dead %d | processed", s.Orders, s.Pending, s.Published, s.DeadLetters)
+	fmt.Fprintf(&b, "orders %d | outbox pending %d, published %d, dead %d | processed", s.Orders, s.Pending, s.Published, s.OutboxDeadLetters)
 	for _, c := range consumerNames {
 		fmt.Fprintf(&b, " %s %d", c.name, s.Processed[c.name])
 		if n, ok := s.Backlog[c.name]; ok {
 			fmt.Fprintf(&b, " (%d in the broker)", n)
 		}
 	}
-	fmt.Fprintf(&b, " | duplicates absorbed %d | dead letters %d", s.Duplicates, s.Quarantined)
+	fmt.Fprintf(&b, " | duplicates absorbed %d | dead letters %d", s.Duplicates, s.InboxDeadLetters)
 	return b.String()
 }

@@ -33,9 +33,9 @@ Commands:
   outbox dead list [filters]    dead-lettered outbox rows
   outbox dead show SEQ          one dead-lettered outbox row, payload included
   outbox dead replay [filters]  put dead-lettered rows back in line (--dry-run lists them only)
-  inbox dead list [filters]     messages quarantined by consumers
-  inbox dead show ID            one quarantined message, payload included
-  inbox dead replay [filters]   re-publish quarantined messages to their topics (needs --broker)
+  inbox dead list [filters]     messages dead-lettered by consumers
+  inbox dead show ID            one dead-lettered message, payload included
+  inbox dead replay [filters]   re-publish dead-lettered messages to their topics (needs --broker)
   prune                         delete published outbox rows and inbox rows past their retention
 
 Global flags:

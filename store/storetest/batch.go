@@ -23,7 +23,7 @@ func batchTests[TTx any]() []test[TTx] {
 	return []test[TTx]{
 		{"ManyMessagesOneTransaction", batchOneTransaction[TTx]},
 		{"DuplicatesAreAcknowledgedWithoutTheHandler", batchDuplicates[TTx]},
-		{"PoisonIsQuarantinedAloneTheOthersCommit", batchPoison[TTx]},
+		{"PoisonIsDeadLetteredAloneTheOthersCommit", batchPoison[TTx]},
 		{"RedeliveriesGoThroughTheStackInTheirPlace", batchRedeliveries[TTx]},
 		{"HandlerOutputGoesIntoTheOutbox", batchOutput[TTx]},
 		{"OrderGuardEarlyVersionFallsBack", batchOrderGuard[TTx]},
@@ -212,7 +212,7 @@ func batchDuplicates[TTx any](t *testing.T, h Harness[TTx]) {
 }
 
 // One message of ten fails with a permanent error: the batch rolls back, its messages run one at a
-// time, the poison is quarantined on its first delivery and the other nine commit.
+// time, the poison is dead-lettered on its first delivery and the other nine commit.
 func batchPoison[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Parallel()
 	e := newConsumerEnv(t, h)
@@ -226,7 +226,7 @@ func batchPoison[TTx any](t *testing.T, h Harness[TTx]) {
 	}}
 	e.runBatches(t, newFeed(msgs...), r.handler())
 	if nacked := settled(t, msgs); len(nacked) != 0 {
-		t.Fatalf("nacked %v: the poison must be quarantined and acknowledged, the others processed", nacked)
+		t.Fatalf("nacked %v: the poison must be dead-lettered and acknowledged, the others processed", nacked)
 	}
 	if n := e.MustInt(t, `SELECT count(*) FROM {{schema}}.effects WHERE message_id <> ?`, poison); n != 9 {
 		t.Fatalf("%d effects of the nine good messages, want 9", n)

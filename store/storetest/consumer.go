@@ -30,7 +30,7 @@ func consumerTests[TTx any]() []test[TTx] {
 		{"InboxFailedEffectLeavesNothingAndTheRetrySucceeds", inboxFailedEffect[TTx]},
 		{"InboxFiftyConcurrentDeliveries", inboxFiftyConcurrent[TTx]},
 		{"InboxTwoConsumersEachProcessOnce", inboxTwoConsumers[TTx]},
-		{"InboxOlderThanRetentionIsQuarantinedAsPossibleDuplicate", inboxOlderThanRetention[TTx]},
+		{"InboxOlderThanRetentionIsDeadLetteredAsPossibleDuplicate", inboxOlderThanRetention[TTx]},
 		{"InboxHandlerOutputGoesIntoTheOutbox", inboxHandlerOutput[TTx]},
 		{"InboxHandlerOutputWithoutPublishTopicIsRefused", inboxHandlerOutputWithoutTopic[TTx]},
 		{"PruneInboxRemovesOnlyRowsOlderThanTheCutoff", pruneInbox[TTx]},
@@ -38,12 +38,12 @@ func consumerTests[TTx any]() []test[TTx] {
 		{"DeadLettersWaitingAreGaugesReadAtScrapeTime", deadLettersWaiting[TTx]},
 		{"OutboundKeyIsStableAcrossDeliveriesAndPerConsumer", outboundKeyStable[TTx]},
 		{"DeliveryCountBrokerVouchedFirstDelivery", deliveryCountVouched[TTx]},
-		{"DeadLetterUndecodablePayloadIsQuarantinedAtOnce", deadLetterUndecodable[TTx]},
-		{"DeadLetterTransientFailureIsQuarantinedAfterMaxDeliveries", deadLetterTransient[TTx]},
+		{"DeadLetterUndecodablePayloadIsDeadLetteredAtOnce", deadLetterUndecodable[TTx]},
+		{"DeadLetterTransientFailureIsDeadLetteredAfterMaxDeliveries", deadLetterTransient[TTx]},
 		{"DeadLetterPoisonTopicThroughWatermillsPoisonQueue", deadLetterPoisonTopic[TTx]},
 		{"ReplayProcessedOnceThenDuplicate", replayOnceThenDuplicate[TTx]},
 		{"OrderGuard", orderGuard[TTx]},
-		{"OutageNeitherCountsNorQuarantines", outageNeitherCounts[TTx]},
+		{"OutageNeitherCountsNorDeadLetters", outageNeitherCounts[TTx]},
 	}
 }
 
@@ -330,7 +330,7 @@ func inboxTwoConsumers[TTx any](t *testing.T, h Harness[TTx]) {
 }
 
 // A message written longer ago than the inbox retention, with no inbox row, may be a redelivery
-// whose row was pruned: it is quarantined, not processed as new.
+// whose row was pruned: it is dead-lettered, not processed as new.
 func inboxOlderThanRetention[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Parallel()
 	e := newConsumerEnv(t, h)
@@ -338,7 +338,7 @@ func inboxOlderThanRetention[TTx any](t *testing.T, h Harness[TTx]) {
 	msg.Metadata.Set(outboxkit.MetadataCreatedAt, time.Now().Add(-8*24*time.Hour).Format(time.RFC3339Nano))
 	stack := e.stack(t, "shipping", e.effect("shipping"))
 	if _, err := stack(delivery(msg)); err != nil {
-		t.Fatalf("quarantine should acknowledge: %v", err)
+		t.Fatalf("dead-letter should acknowledge: %v", err)
 	}
 	if e.count(t, "effects", "shipping", msg.UUID) != 0 || e.count(t, "inbox", "shipping", msg.UUID) != 0 {
 		t.Fatal("an old message without an inbox row was processed as new")
@@ -406,7 +406,7 @@ func inboxHandlerOutput[TTx any](t *testing.T, h Harness[TTx]) {
 		if err := bus.Publish("orders", m); err != nil {
 			t.Fatal(err)
 		}
-		for settled := false; !settled; { // acknowledged: processed, or quarantined (DeadLetter acks)
+		for settled := false; !settled; { // acknowledged: processed, or dead-lettered (DeadLetter acks)
 			select {
 			case o := <-outcomes:
 				if o.err != nil {
@@ -419,7 +419,7 @@ func inboxHandlerOutput[TTx any](t *testing.T, h Harness[TTx]) {
 		}
 	}
 	if !waitFor(10*time.Second, func() bool { return e.count(t, "dead_letters", "billing", "m-bad") == 1 }) {
-		t.Fatal("the failing message was not quarantined")
+		t.Fatal("the failing message was not dead-lettered")
 	}
 	if n := e.MustInt(t, `SELECT count(*) FROM {{schema}}.outbox WHERE topic = 'invoices' AND partition_key = 'inv-m-ok'`); n != 1 {
 		t.Fatalf("%d outbox rows for the returned message, want 1", n)
@@ -534,7 +534,7 @@ func consumerStats[TTx any](t *testing.T, h Harness[TTx]) {
 }
 
 // The dead letters that wait for a replay are gauges read from the store at each scrape, per
-// consumer on one registry: a replay takes them down, nothing else does (the quarantine counter's
+// consumer on one registry: a replay takes them down, nothing else does (the dead-letter counter's
 // rate forgets them within its window while they still wait).
 func deadLettersWaiting[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Parallel()
@@ -581,7 +581,7 @@ func deadLettersWaiting[TTx any](t *testing.T, h Harness[TTx]) {
 				consumer, n, ok, age, ok2, count, minAge, maxAge)
 		}
 	}
-	expect("shipping", 2, 60, 120) // quarantined about 90s before the scrape's clock
+	expect("shipping", 2, 60, 120) // dead-lettered about 90s before the scrape's clock
 	expect("billing", 0, 0, 0)
 
 	letters, err := e.Store.InboxDeadLetters(context.Background(), store.DeadLetterFilter{Consumer: "shipping"})
@@ -690,13 +690,13 @@ func deliveryCountVouched[TTx any](t *testing.T, h Harness[TTx]) {
 		t.Fatal("want the handler's error: nacked for another delivery")
 	}
 	if _, err := stack(brokerDelivery(msg, true)); err != nil {
-		t.Fatalf("third delivery: %v, want it quarantined and acked", err)
+		t.Fatalf("third delivery: %v, want it dead-lettered and acked", err)
 	}
 	if len(seen) != 2 || seen[0] != 2 || seen[1] != 3 {
 		t.Fatalf("redeliveries seen as %v, want [2 3]", seen)
 	}
 	if letters := e.deadLetters(t, store.DeadLetterFilter{MessageIDs: []string{msg.UUID}}); len(letters) != 1 || letters[0].Attempts != 3 {
-		t.Fatalf("dead letters %+v: want the message quarantined on its third delivery", letters)
+		t.Fatalf("dead letters %+v: want the message dead-lettered on its third delivery", letters)
 	}
 
 	msg = orderMsg("unknown") // without the broker's word every delivery is counted
@@ -725,7 +725,7 @@ func deadLetterUndecodable[TTx any](t *testing.T, h Harness[TTx]) {
 	stack := e.stack(t, "shipping", hf, func(c *middleware.StackConfig) { c.MaxDeliveries = 3 })
 	poison := message.NewMessage("poison-1", []byte("not json"))
 	if n := redeliverUntilAcked(t, stack, poison, 10); n != 1 {
-		t.Fatalf("the poison took %d deliveries; a permanent error must be quarantined on the first", n)
+		t.Fatalf("the poison took %d deliveries; a permanent error must be dead-lettered on the first", n)
 	}
 	if handled.Load() != 1 {
 		t.Fatalf("the handler ran %d times; a permanent error must not be retried", handled.Load())
@@ -753,7 +753,7 @@ func deadLetterTransient[TTx any](t *testing.T, h Harness[TTx]) {
 	stack := e.stack(t, "shipping", hf, func(c *middleware.StackConfig) { c.MaxDeliveries = 3; c.MaxRetries = 2 })
 	msg := message.NewMessage(failing, []byte(`{"id":"o-1"}`))
 	if n := redeliverUntilAcked(t, stack, msg, 10); n != 3 {
-		t.Fatalf("quarantined after %d deliveries, want exactly MaxDeliveries = 3", n)
+		t.Fatalf("dead-lettered after %d deliveries, want exactly MaxDeliveries = 3", n)
 	}
 	if attempts.Load() != 9 {
 		t.Fatalf("handler ran %d times, want 3 deliveries × (1 + 2 retries) = 9", attempts.Load())
@@ -765,7 +765,7 @@ func deadLetterTransient[TTx any](t *testing.T, h Harness[TTx]) {
 	e.assertGoodMessagesFlow(t, stack, 100)
 }
 
-// With a poison topic, a quarantined message also goes there through Watermill's PoisonQueue, as
+// With a poison topic, a dead-lettered message also goes there through Watermill's PoisonQueue, as
 // received and with its metadata; the table keeps it for replay as well. A message that is merely
 // retried never reaches the poison topic.
 func deadLetterPoisonTopic[TTx any](t *testing.T, h Harness[TTx]) {
@@ -786,7 +786,7 @@ func deadLetterPoisonTopic[TTx any](t *testing.T, h Harness[TTx]) {
 		return e.effect("shipping")(m)
 	}
 	stack := e.stack(t, "shipping", hf, func(c *middleware.StackConfig) {
-		c.PoisonPublisher, c.PoisonTopic, c.MaxRetries = bus, "poison", -1
+		c.DeadLetterPublisher, c.DeadLetterTopic, c.MaxRetries = bus, "poison", -1
 	})
 	redeliverUntilAcked(t, stack, message.NewMessage("flaky", []byte(`{"id":"f"}`)), 3)
 	poison := message.NewMessage("poison-1", []byte("not json"))
@@ -806,11 +806,11 @@ func deadLetterPoisonTopic[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 	select {
 	case m := <-poisoned:
-		t.Fatalf("%s reached the poison topic too; only quarantined messages belong there", m.UUID)
+		t.Fatalf("%s reached the poison topic too; only dead-lettered messages belong there", m.UUID)
 	case <-time.After(100 * time.Millisecond):
 	}
 	if letters := e.deadLetters(t, store.DeadLetterFilter{Consumer: "shipping"}); len(letters) != 1 || letters[0].MessageID != "poison-1" {
-		t.Fatalf("dead letters = %+v; the table keeps the quarantined message too", letters)
+		t.Fatalf("dead letters = %+v; the table keeps the dead-lettered message too", letters)
 	}
 }
 
@@ -970,7 +970,7 @@ func orderGuard[TTx any](t *testing.T, h Harness[TTx]) {
 	if !applied(v[3], v[4], v[5]) || version() != 5 || parked() != 0 {
 		t.Fatalf("after v3: applied %v, version %d, %d parked", applied(v[3], v[4], v[5]), version(), parked())
 	}
-	// A parked version that fails for good when its turn comes is quarantined; its predecessor
+	// A parked version that fails for good when its turn comes is dead-lettered; its predecessor
 	// commits, and the version after it stays parked until it is replayed.
 	v[7].Metadata.Set("test_fail", "permanent")
 	for _, m := range []*message.Message{v[7], v[8], v[6]} {
@@ -1048,7 +1048,7 @@ func orderGuard[TTx any](t *testing.T, h Harness[TTx]) {
 }
 
 // In the full stack, a delivery held through an outage of a dependency is counted once and never
-// quarantined, not even with MaxDeliveries 1.
+// dead-lettered, not even with MaxDeliveries 1.
 func outageNeitherCounts[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Parallel()
 	e := newConsumerEnv(t, h)
@@ -1071,7 +1071,7 @@ func outageNeitherCounts[TTx any](t *testing.T, h Harness[TTx]) {
 		t.Fatalf("%d tries, %d effects; want the sixth try to apply the effect once", tries.Load(), e.count(t, "effects", "billing", msg.UUID))
 	}
 	if n := e.count(t, "dead_letters", "billing", msg.UUID); n != 0 {
-		t.Fatal("a message was quarantined for an unreachable dependency")
+		t.Fatal("a message was dead-lettered for an unreachable dependency")
 	}
 	if n := e.deliveries(t, "billing", msg.UUID); n != 1 {
 		t.Fatalf("the held delivery was counted %d times, want 1", n)

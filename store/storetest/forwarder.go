@@ -210,7 +210,7 @@ func forwarderTests[TTx any]() []test[TTx] {
 		{"ParkKeyOnDeadLetter", parkKeyOnDeadLetter[TTx]},
 		{"ReplayedHeadWaitsForNothingButBackingOffRowsStillBlock", replayedHeadWaitsForNothing[TTx]},
 		{"BrokerOutageOpensCircuitWithoutBurningAttempts", brokerOutage[TTx]},
-		{"MalformedRowIsQuarantinedNotBlocking", malformedRow[TTx]},
+		{"MalformedRowIsDeadLetteredNotBlocking", malformedRow[TTx]},
 		{"PrunePublished", prunePublished[TTx]},
 		{"DeleteOnPublish", deleteOnPublish[TTx]},
 		{"Stats", outboxStats[TTx]},

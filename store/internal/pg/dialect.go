@@ -80,7 +80,7 @@ func New(cfg Config) (*Dialect, error) {
 		InsertInbox:           read("insert_inbox.sql"),
 		InsertInboxes:         read("insert_inboxes.sql"),
 		CountDuplicate:        read("count_duplicate.sql"),
-		Quarantine:            read("quarantine.sql"),
+		DeadLetter:            read("dead_letter.sql"),
 		DeliveryCount:         read("delivery_count.sql"),
 		DeliveryFailed:        read("delivery_failed.sql"),
 		FirstDeliveryFailed:   read("first_delivery_failed.sql"),

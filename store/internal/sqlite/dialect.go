@@ -64,7 +64,7 @@ func New(name, wakeKey string) *Dialect {
 		LockOutboxDeadLetters: d.sql["lock_outbox_dead_letters"], ReplayOutbox: d.sql["replay_outbox"],
 		PrunePublished: d.sql["prune_published"], MarkPublished: d.sql["mark_published"], DeletePublished: d.sql["delete_published"],
 		Seen: d.sql["seen"], InsertInbox: d.sql["insert_inbox"], CountDuplicate: d.sql["count_duplicate"],
-		Quarantine: d.sql["quarantine"], CountDelivery: d.sql["count_delivery"],
+		DeadLetter: d.sql["dead_letter"], CountDelivery: d.sql["count_delivery"],
 		DeliveryCount: d.sql["delivery_count"], DeliveryFailed: d.sql["delivery_failed"],
 		FirstDeliveryFailed: d.sql["first_delivery_failed"], ConsumerStats: d.sql["consumer_stats"],
 		DeadLettersWaiting: d.sql["dead_letters_waiting"],

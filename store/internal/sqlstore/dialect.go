@@ -73,8 +73,8 @@ type Queries struct {
 	InsertInboxes string
 	// CountDuplicate(consumer, id).
 	CountDuplicate string
-	// Quarantine(consumer, topic, id, payload, metadata, reason, deliveries, now).
-	Quarantine string
+	// DeadLetter(consumer, topic, id, payload, metadata, reason, deliveries, now).
+	DeadLetter string
 	// CountDelivery(consumer, id, now, first) → deliveries; with CountDeliveryRead(consumer, id)
 	// as a second statement where the first returns nothing.
 	CountDelivery, CountDeliveryRead string

@@ -410,15 +410,15 @@ func (se session) Processed(ctx context.Context, consumer, messageID string, now
 	return n == 0, nil
 }
 
-func (se session) Quarantine(ctx context.Context, q store.Quarantine) error {
+func (se session) DeadLetter(ctx context.Context, q store.InboxDeadLetter) error {
 	payload := q.Payload
 	if payload == nil {
 		payload = []byte{}
 	}
-	_, err := se.db.Exec(ctx, se.s.q.Quarantine, q.Consumer, q.Topic, q.MessageID, payload, string(q.Metadata), q.Reason,
+	_, err := se.db.Exec(ctx, se.s.q.DeadLetter, q.Consumer, q.Topic, q.MessageID, payload, string(q.Metadata), q.Reason,
 		q.Deliveries, se.s.d.Time(q.Now))
 	if err != nil {
-		return fmt.Errorf("quarantine message %s: %w", q.MessageID, se.s.d.Classify(err))
+		return fmt.Errorf("dead-letter message %s: %w", q.MessageID, se.s.d.Classify(err))
 	}
 	return nil
 }
@@ -512,14 +512,14 @@ func (t inboxTx) TakeParked(ctx context.Context, consumer, key string, version i
 	return p, true, nil
 }
 
-func (t inboxTx) QuarantineParked(ctx context.Context, q store.Quarantine) error {
+func (t inboxTx) DeadLetterParked(ctx context.Context, q store.InboxDeadLetter) error {
 	payload := q.Payload
 	if payload == nil {
 		payload = []byte{}
 	}
-	if _, err := t.tx.Exec(ctx, t.s.q.Quarantine, q.Consumer, q.Topic, q.MessageID, payload, string(q.Metadata), q.Reason,
+	if _, err := t.tx.Exec(ctx, t.s.q.DeadLetter, q.Consumer, q.Topic, q.MessageID, payload, string(q.Metadata), q.Reason,
 		q.Deliveries, t.s.d.Time(q.Now)); err != nil {
-		return fmt.Errorf("quarantine parked message %s: %w", q.MessageID, t.s.d.Classify(err))
+		return fmt.Errorf("dead-letter parked message %s: %w", q.MessageID, t.s.d.Classify(err))
 	}
 	_, err := t.tx.Exec(ctx, t.s.q.ForgetInbox, q.Consumer, q.MessageID)
 	return t.s.d.Classify(err)

@@ -3,7 +3,7 @@
 -- the process dies; the count's row comes from the lock, so it is written only once the lock is
 -- held. set_config(…, true) makes this statement's commit asynchronous: the count survives any
 -- crash of the application (the case it exists for) without waiting for a disk flush; only a crash
--- of Postgres itself could lose the last increments, which delays a quarantine by a delivery.
+-- of Postgres itself could lose the last increments, which delays a dead-letter by a delivery.
 -- $4 is the count of a message seen here for the first time: 1, or 2 on a redelivery whose first
 -- delivery was not counted.
 -- $1 consumer, $2 message id, $3 now, $4 first count.

@@ -1,4 +1,4 @@
--- Quarantine a message. A message quarantined again after a replay updates its row.
+-- Dead-letter a message. A message dead-lettered again after a replay updates its row.
 -- ?1 consumer, ?2 topic, ?3 message id, ?4 payload, ?5 metadata, ?6 reason, ?7 deliveries, ?8 now.
 INSERT INTO {{schema}}.dead_letters
     (consumer, topic, message_id, payload, metadata, reason, deliveries, dead_lettered_at)
