@@ -9,7 +9,7 @@
 // while an earlier row of its key is still waiting; different keys are published concurrently.
 //
 // A publish that fails because of the message counts an attempt and backs off; after MaxAttempts
-// the row is dead-lettered until ReplayDeadLetters puts it back. A publish that fails because the
+// the row is dead-lettered until ReplayOutboxDeadLetters puts it back. A publish that fails because the
 // broker cannot be reached opens a circuit instead: no attempt is counted, passes pause and probe
 // with backoff, and the backlog drains by itself when the broker returns.
 package forwarder

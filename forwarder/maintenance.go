@@ -16,12 +16,12 @@ func (f *Forwarder) Stats(ctx context.Context) (store.OutboxStats, error) {
 	return f.cfg.Store.OutboxStats(ctx, f.cfg.Now())
 }
 
-// ReplayDeadLetters puts the dead-lettered rows matching filter back in line with a fresh attempt
+// ReplayOutboxDeadLetters puts the dead-lettered rows matching filter back in line with a fresh attempt
 // budget and returns them. They keep their UUIDs, so a consumer that already processed one (before
 // a lost mark, say) absorbs the replay in its inbox; they keep their place in their key's order.
 // An empty filter replays nothing unless All is set.
-func (f *Forwarder) ReplayDeadLetters(ctx context.Context, filter store.DeadLetterFilter) ([]store.DeadLetter, error) {
-	letters, err := f.cfg.Store.ReplayOutbox(ctx, filter)
+func (f *Forwarder) ReplayOutboxDeadLetters(ctx context.Context, filter store.DeadLetterFilter) ([]store.DeadLetter, error) {
+	letters, err := f.cfg.Store.ReplayOutboxDeadLetters(ctx, filter)
 	if err == nil {
 		f.cfg.Logger.Info("Replayed dead-lettered outbox rows", watermill.LogFields{"forwarder": f.cfg.Name, "rows": len(letters)})
 	}
@@ -55,4 +55,12 @@ func PrunePublished(ctx context.Context, s store.Store, cutoff time.Time, batchS
 			return total, nil
 		}
 	}
+}
+
+// ReplayDeadLetters is the former name of ReplayOutboxDeadLetters.
+//
+// Deprecated: use ReplayOutboxDeadLetters (a consumer's dead letters are replayed by
+// middleware.ReplayInboxDeadLetters).
+func (f *Forwarder) ReplayDeadLetters(ctx context.Context, filter store.DeadLetterFilter) ([]store.DeadLetter, error) {
+	return f.ReplayOutboxDeadLetters(ctx, filter)
 }

@@ -83,7 +83,7 @@ func TestReplay_ArrivesOnEveryBackendRightAfterItIsDeadLettered(t *testing.T) {
 			testenv.Eventually(t, 60*time.Second, "the message to be dead-lettered", func() bool {
 				return pg.Int(t, `SELECT count(*) FROM {{schema}}.dead_letters WHERE message_id = $1`, msg.UUID) == 1
 			})
-			replayed, err := middleware.ReplayDeadLetters(context.Background(),
+			replayed, err := middleware.ReplayInboxDeadLetters(context.Background(),
 				middleware.ReplayConfig{Store: pg.Store, Publisher: b.Publisher},
 				store.DeadLetterFilter{MessageIDs: []string{msg.UUID}})
 			if err != nil || len(replayed) != 1 {

@@ -45,8 +45,11 @@ func (c BatchConfig) withDefaults() BatchConfig {
 	if c.Logger == nil {
 		c.Logger = watermill.NopLogger{}
 	}
-	if c.InboxRetention == 0 {
-		c.InboxRetention = DefaultInboxRetention
+	if c.DedupWindow == 0 {
+		c.DedupWindow = c.InboxRetention
+	}
+	if c.DedupWindow == 0 {
+		c.DedupWindow = DefaultDedupWindow
 	}
 	return c
 }
@@ -90,7 +93,7 @@ type BatchConsumer struct {
 // delivery the broker does not vouch is the first (a redelivery, or a broker that does not say)
 // runs through the stack on its own, in its place in the order, so it is counted, locked and
 // dead-lettered as usual; when anything in a batch fails — a handler's error or panic, a message
-// past the inbox retention, an order guard's early version, the database — the batch rolls back
+// past the dedup window, an order guard's early version, the database — the batch rolls back
 // and each of its messages runs through the stack one at a time, so a poison message is
 // dead-lettered alone (at once when its error is permanent) while the others commit. A crash before
 // the commit leaves no effect of the batch; the broker delivers it again. Per-key order holds: a
@@ -307,9 +310,9 @@ func (c *BatchConsumer) commitRun(run []*message.Message) {
 	}
 }
 
-// errRetention sends a delivery past the inbox retention to the per-message stack, which
+// errPastDedupWindow sends a delivery past the dedup window to the per-message stack, which
 // dead-letters it as a possible duplicate.
-var errRetention = errors.New("a message older than the inbox retention")
+var errPastDedupWindow = errors.New("a message older than the dedup window")
 
 // inTransaction inserts the run's inbox rows, runs the handler for each new message and commits.
 // nil: every delivery is settled and may be acknowledged.
@@ -341,8 +344,8 @@ func (c *BatchConsumer) inTransaction(run []*message.Message) (err error) {
 		}
 		delete(inserted, m.UUID) // a second copy in the same batch is a duplicate
 		d.consumer, d.message = c.cfg.Consumer, m.UUID
-		if created, ok := outboxkit.CreatedAt(m); ok && now.Sub(created) > c.cfg.InboxRetention {
-			return errRetention
+		if created, ok := outboxkit.CreatedAt(m); ok && now.Sub(created) > c.cfg.DedupWindow {
+			return errPastDedupWindow
 		}
 		if err := c.apply(m, d, tx); err != nil {
 			return err

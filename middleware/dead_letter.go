@@ -33,7 +33,7 @@ type DeadLetterConfig struct {
 	MaxDeliveries int
 
 	// DisableTable stops dead-lettered messages from being stored in the dead_letters table, from
-	// which ReplayDeadLetters re-publishes them. Default false: they are stored. At least one of
+	// which ReplayInboxDeadLetters re-publishes them. Default false: they are stored. At least one of
 	// the table and a poison topic must be used.
 	DisableTable bool
 

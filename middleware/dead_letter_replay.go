@@ -12,7 +12,7 @@ import (
 	"github.com/outboxkit/outboxkit/store"
 )
 
-// ReplayConfig configures ReplayDeadLetters.
+// ReplayConfig configures ReplayInboxDeadLetters.
 type ReplayConfig struct {
 	// Store holds dead_letters. Required.
 	Store store.Store
@@ -23,7 +23,7 @@ type ReplayConfig struct {
 	Now func() time.Time
 }
 
-// ReplayDeadLetters re-publishes the selected consumers' dead letters to the topics they came
+// ReplayInboxDeadLetters re-publishes the selected consumers' dead letters to the topics they came
 // from, with their UUIDs, payloads and metadata unchanged but for a replay token
 // (outboxkit.MetadataReplay, which keeps brokers that deduplicate publishes from dropping the
 // replay), and returns them. Each one's delivery count is reset first, so that it gets its full
@@ -31,7 +31,7 @@ type ReplayConfig struct {
 // topic that already had it) absorbs the replay in its inbox as a duplicate. Replay stops at the
 // first message that cannot be published; those already sent are marked replayed. An empty filter
 // replays nothing unless All is set.
-func ReplayDeadLetters(ctx context.Context, cfg ReplayConfig, filter store.DeadLetterFilter) ([]store.DeadLetter, error) {
+func ReplayInboxDeadLetters(ctx context.Context, cfg ReplayConfig, filter store.DeadLetterFilter) ([]store.DeadLetter, error) {
 	var errs []error
 	if cfg.Store == nil {
 		errs = append(errs, errors.New("field Store is required"))
@@ -72,4 +72,12 @@ func ReplayDeadLetters(ctx context.Context, cfg ReplayConfig, filter store.DeadL
 		}
 	}
 	return letters, nil
+}
+
+// ReplayDeadLetters is the former name of ReplayInboxDeadLetters.
+//
+// Deprecated: use ReplayInboxDeadLetters (the outbox's dead letters are replayed by
+// forwarder.ReplayOutboxDeadLetters).
+func ReplayDeadLetters(ctx context.Context, cfg ReplayConfig, filter store.DeadLetterFilter) ([]store.DeadLetter, error) {
+	return ReplayInboxDeadLetters(ctx, cfg, filter)
 }

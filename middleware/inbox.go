@@ -15,8 +15,13 @@ import (
 	"github.com/outboxkit/outboxkit/store"
 )
 
-// DefaultInboxRetention is how long inbox rows are kept, and so the deduplication window.
-const DefaultInboxRetention = 7 * 24 * time.Hour
+// DefaultDedupWindow is how long inbox rows are kept: the deduplication window.
+const DefaultDedupWindow = 7 * 24 * time.Hour
+
+// DefaultInboxRetention is the former name of DefaultDedupWindow.
+//
+// Deprecated: use DefaultDedupWindow.
+const DefaultInboxRetention = DefaultDedupWindow
 
 // InboxConfig configures NewInbox.
 type InboxConfig struct {
@@ -25,11 +30,15 @@ type InboxConfig struct {
 	// Consumer names the consuming service; each consumer deduplicates on its own. Required.
 	Consumer string
 
-	// Retention is the deduplication window: inbox rows older than it may be pruned (PruneInbox),
-	// after which a redelivery could no longer be recognised. So a message whose outbox row was
-	// written longer ago than Retention, and which has no inbox row, is dead-lettered as a possible
-	// duplicate instead of being processed as new. It must outlast the broker's redelivery horizon
-	// and any replay you might do. Default DefaultInboxRetention (7 days).
+	// DedupWindow is how long the inbox recognises a message: inbox rows older than it may be
+	// pruned (PruneInbox), after which a redelivery could no longer be recognised. So a message
+	// whose outbox row was written longer ago than DedupWindow, and which has no inbox row, is
+	// dead-lettered as a possible duplicate instead of being processed as new. It must outlast the
+	// broker's redelivery horizon and any replay you might do. Default DefaultDedupWindow (7 days).
+	DedupWindow time.Duration
+	// Retention is the former name of DedupWindow.
+	//
+	// Deprecated: use DedupWindow; Retention is read only when DedupWindow is zero.
 	Retention time.Duration
 
 	// DisableFastPath skips the "seen already?" read before the transaction. The read saves a
@@ -44,8 +53,11 @@ type InboxConfig struct {
 }
 
 func (c InboxConfig) withDefaults() InboxConfig {
-	if c.Retention == 0 {
-		c.Retention = DefaultInboxRetention
+	if c.DedupWindow == 0 {
+		c.DedupWindow = c.Retention
+	}
+	if c.DedupWindow == 0 {
+		c.DedupWindow = DefaultDedupWindow
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -58,15 +70,15 @@ func (c InboxConfig) withDefaults() InboxConfig {
 
 func (c InboxConfig) validate() error {
 	errs := requireStoreAndConsumer(c.Store, c.Consumer)
-	if c.Retention < 0 {
-		errs = append(errs, fmt.Errorf("field Retention must be positive, got %s", c.Retention))
+	if c.DedupWindow < 0 {
+		errs = append(errs, fmt.Errorf("field DedupWindow must be positive, got %s", c.DedupWindow))
 	}
 	return errors.Join(errs...)
 }
 
-// ErrPossibleDuplicate is returned (permanent) for a message older than the inbox retention that
+// ErrPossibleDuplicate is returned (permanent) for a message older than the dedup window that
 // has no inbox row: its row may have been pruned, so processing it could repeat an effect.
-var ErrPossibleDuplicate = errors.New("possible duplicate: the message is older than the inbox retention, " +
+var ErrPossibleDuplicate = errors.New("possible duplicate: the message is older than the dedup window, " +
 	"so a record of processing it may have been pruned")
 
 // NewInbox runs each message's handler in a transaction that first inserts the message's inbox
@@ -127,9 +139,9 @@ func (in *inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message
 		_ = tx.Rollback(ctx) // before counting, which updates the row this transaction waited on
 		return in.duplicate(msg, d, session)
 	}
-	if created, ok := outboxkit.CreatedAt(msg); ok && now.Sub(created) > in.cfg.Retention {
-		return nil, handlers.Permanent(fmt.Errorf("message %s written %s ago, inbox retention %s: %w",
-			msg.UUID, now.Sub(created).Round(time.Second), in.cfg.Retention, ErrPossibleDuplicate))
+	if created, ok := outboxkit.CreatedAt(msg); ok && now.Sub(created) > in.cfg.DedupWindow {
+		return nil, handlers.Permanent(fmt.Errorf("message %s written %s ago, dedup window %s: %w",
+			msg.UUID, now.Sub(created).Round(time.Second), in.cfg.DedupWindow, ErrPossibleDuplicate))
 	}
 
 	d.inbox = tx
@@ -206,7 +218,7 @@ type PruneConfig struct {
 //
 // olderThan is the deduplication window: a redelivery arriving after its inbox row is gone would be
 // processed again. Keep it longer than the broker's redelivery horizon and any replay you might
-// run, and equal to the inbox middleware's Retention, which dead-letters messages older than it.
+// run, and equal to the inbox middleware's DedupWindow, which dead-letters messages older than it.
 func PruneInbox(ctx context.Context, cfg PruneConfig, olderThan time.Duration) (int, error) {
 	var errs []error
 	if cfg.Store == nil {

@@ -27,7 +27,12 @@ type StackConfig struct {
 	MaxRetries int
 	// RetryBackoff spaces the in-process retries. Default DefaultRetryBackoff.
 	RetryBackoff outboxkit.Backoff
-	// InboxRetention is the deduplication window. Default DefaultInboxRetention (7 days).
+	// DedupWindow is how long the inbox recognises a message (see InboxConfig.DedupWindow).
+	// Default DefaultDedupWindow (7 days).
+	DedupWindow time.Duration
+	// InboxRetention is the former name of DedupWindow.
+	//
+	// Deprecated: use DedupWindow; InboxRetention is read only when DedupWindow is zero.
 	InboxRetention time.Duration
 	// DisableFastPath skips the inbox's "seen already?" read. Default false.
 	DisableFastPath bool
@@ -99,7 +104,7 @@ func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 		IsUnreachable: cfg.IsUnreachable, Now: cfg.Now, Logger: cfg.Logger}))
 	add(NewRetry(RetryConfig{MaxRetries: cfg.MaxRetries, Backoff: cfg.RetryBackoff, IsUnreachable: cfg.IsUnreachable, Logger: cfg.Logger}))
 	add(NewInbox(InboxConfig{Store: cfg.Store, Consumer: cfg.Consumer,
-		Retention: cfg.InboxRetention, DisableFastPath: cfg.DisableFastPath, Now: cfg.Now, Logger: cfg.Logger}))
+		DedupWindow: cfg.DedupWindow, Retention: cfg.InboxRetention, DisableFastPath: cfg.DisableFastPath, Now: cfg.Now, Logger: cfg.Logger}))
 	if cfg.OrderGuard != nil {
 		og := *cfg.OrderGuard
 		og.Store, og.Consumer, og.Now = cfg.Store, cfg.Consumer, cfg.Now

@@ -13,14 +13,19 @@ import (
 
 // Errors Publish returns (wrapped), whatever the store. Nothing is written when Publish fails.
 var (
-	// ErrTxClosed: the transaction was already committed or rolled back.
-	ErrTxClosed = store.ErrTxDone
+	// ErrTxDone: the transaction was already committed or rolled back.
+	ErrTxDone = store.ErrTxDone
 	// ErrTxAborted: an earlier statement failed inside the transaction (Postgres ignores every
 	// statement until it is rolled back).
 	ErrTxAborted = store.ErrTxAborted
 	// ErrDuplicateUUID: a message's UUID is already in the outbox, or repeated within the call.
 	// The failed statement aborts the caller's transaction on Postgres.
 	ErrDuplicateUUID = store.ErrDuplicateUUID
+
+	// ErrTxClosed is the former name of ErrTxDone.
+	//
+	// Deprecated: use ErrTxDone.
+	ErrTxClosed = store.ErrTxDone
 )
 
 // InvalidMessageError says why a message cannot be stored in the outbox.

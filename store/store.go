@@ -51,9 +51,9 @@ type Store interface {
 	OutboxStats(ctx context.Context, now time.Time) (OutboxStats, error)
 	// OutboxDeadLetters lists dead-lettered outbox rows matching f, oldest first.
 	OutboxDeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error)
-	// ReplayOutbox puts the dead-lettered rows matching f back in line with a fresh attempt budget
+	// ReplayOutboxDeadLetters puts the dead-lettered rows matching f back in line with a fresh attempt budget
 	// and returns them. An empty filter without All selects nothing.
-	ReplayOutbox(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error)
+	ReplayOutboxDeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error)
 	// PrunePublished deletes at most limit rows published before cutoff and returns how many.
 	PrunePublished(ctx context.Context, cutoff time.Time, limit int) (int, error)
 

@@ -199,8 +199,8 @@ func (e *env) status(ctx context.Context, args []string) error {
 func (e *env) prune(ctx context.Context, args []string) error {
 	fs := flags("prune")
 	published := fs.Duration("published-older-than", 24*time.Hour, "delete outbox rows published longer ago than this")
-	inbox := fs.Duration("inbox-older-than", middleware.DefaultInboxRetention,
-		"delete inbox rows older than this: the deduplication window, keep it longer than any redelivery or replay")
+	inbox := fs.Duration("inbox-older-than", middleware.DefaultDedupWindow,
+		"delete inbox rows older than this: the dedup window, keep it longer than any redelivery or replay")
 	batch := fs.Int("batch", 1000, "rows per DELETE statement")
 	if err := parse(fs, args, e.stdout); err != nil {
 		return err

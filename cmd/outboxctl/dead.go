@@ -169,7 +169,7 @@ func (e *env) deadReplay(ctx context.Context, side string, args []string) error 
 		return nil
 	}
 	if side == "outbox" {
-		letters, err := db.ReplayOutbox(ctx, filter)
+		letters, err := db.ReplayOutboxDeadLetters(ctx, filter)
 		if err != nil {
 			return err
 		}
@@ -185,7 +185,7 @@ func (e *env) deadReplay(ctx context.Context, side string, args []string) error 
 		return err
 	}
 	defer broker.Close()
-	letters, err := middleware.ReplayDeadLetters(ctx, middleware.ReplayConfig{Store: db, Publisher: broker.Publisher}, filter)
+	letters, err := middleware.ReplayInboxDeadLetters(ctx, middleware.ReplayConfig{Store: db, Publisher: broker.Publisher}, filter)
 	for _, d := range letters {
 		fmt.Fprintf(e.stdout, "replayed dead letter %d (consumer %s, uuid %s) to %s\n", d.ID, d.Consumer, d.MessageID, d.Topic)
 	}

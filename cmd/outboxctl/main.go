@@ -36,7 +36,7 @@ Commands:
   inbox dead list [filters]     messages dead-lettered by consumers
   inbox dead show ID            one dead-lettered message, payload included
   inbox dead replay [filters]   re-publish dead-lettered messages to their topics (needs --broker)
-  prune                         delete published outbox rows and inbox rows past their retention
+  prune                         delete outbox rows published past their retention, inbox rows past the dedup window
 
 Global flags:
   --db URL        database URL (env OUTBOXKIT_DATABASE_URL): postgres://user@host:5432/db,

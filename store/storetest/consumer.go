@@ -857,10 +857,10 @@ func replayOnceThenDuplicate[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 	broken.Store(false) // the cause is fixed
 	replay := middleware.ReplayConfig{Store: e.Store, Publisher: bus}
-	if _, err := middleware.ReplayDeadLetters(ctx, replay, store.DeadLetterFilter{}); !errors.Is(err, store.ErrEmptyFilter) {
+	if _, err := middleware.ReplayInboxDeadLetters(ctx, replay, store.DeadLetterFilter{}); !errors.Is(err, store.ErrEmptyFilter) {
 		t.Fatalf("an empty filter replayed (%v); it must demand a selection or All", err)
 	}
-	replayed, err := middleware.ReplayDeadLetters(ctx, replay, store.DeadLetterFilter{IDs: []int64{letter.ID}})
+	replayed, err := middleware.ReplayInboxDeadLetters(ctx, replay, store.DeadLetterFilter{IDs: []int64{letter.ID}})
 	if err != nil || len(replayed) != 1 {
 		t.Fatalf("replay = %v, %v", replayed, err)
 	}
@@ -871,7 +871,7 @@ func replayOnceThenDuplicate[TTx any](t *testing.T, h Harness[TTx]) {
 		t.Fatalf("%d dead letters still waiting after the replay", len(left))
 	}
 	// Replayed again (an operator's second try): absorbed by the inbox.
-	again, err := middleware.ReplayDeadLetters(ctx, replay, store.DeadLetterFilter{IDs: []int64{letter.ID}, IncludeReplayed: true})
+	again, err := middleware.ReplayInboxDeadLetters(ctx, replay, store.DeadLetterFilter{IDs: []int64{letter.ID}, IncludeReplayed: true})
 	if err != nil || len(again) != 1 {
 		t.Fatalf("second replay = %v, %v", again, err)
 	}

@@ -362,10 +362,10 @@ func deadLetterThenReplay[TTx any](t *testing.T, h Harness[TTx]) {
 	if n := len(pub.accepted()); n != 0 {
 		t.Fatalf("a dead-lettered row was published %d times before replay", n)
 	}
-	if _, err := f.ReplayDeadLetters(context.Background(), store.DeadLetterFilter{}); !errors.Is(err, store.ErrEmptyFilter) {
+	if _, err := f.ReplayOutboxDeadLetters(context.Background(), store.DeadLetterFilter{}); !errors.Is(err, store.ErrEmptyFilter) {
 		t.Fatalf("an empty filter replayed (%v); it must demand a selection or All", err)
 	}
-	letters, err := f.ReplayDeadLetters(context.Background(), store.DeadLetterFilter{MessageIDs: []string{msgs[0].UUID}})
+	letters, err := f.ReplayOutboxDeadLetters(context.Background(), store.DeadLetterFilter{MessageIDs: []string{msgs[0].UUID}})
 	if err != nil || len(letters) != 1 || letters[0].MessageID != msgs[0].UUID {
 		t.Fatalf("replay = %v, %v", letters, err)
 	}
@@ -530,7 +530,7 @@ func parkKeyOnDeadLetter[TTx any](t *testing.T, h Harness[TTx]) {
 			}
 			if park {
 				pub.setFail(nil)
-				if _, err := f.ReplayDeadLetters(context.Background(), store.DeadLetterFilter{PartitionKey: "k"}); err != nil {
+				if _, err := f.ReplayOutboxDeadLetters(context.Background(), store.DeadLetterFilter{PartitionKey: "k"}); err != nil {
 					t.Fatal(err)
 				}
 				drain(t, f, clk)
@@ -569,7 +569,7 @@ func replayedHeadWaitsForNothing[TTx any](t *testing.T, h Harness[TTx]) {
 	mu.Unlock()
 	f2 := newForwarder(t, e.Store, pub, clk, func(c *forwarder.Config) { c.MaxAttempts = 5 })
 	dispatch(t, f2) // row 2 fails once: backing off for a second
-	if _, err := f2.ReplayDeadLetters(context.Background(), store.DeadLetterFilter{MessageIDs: []string{msgs[0].UUID}}); err != nil {
+	if _, err := f2.ReplayOutboxDeadLetters(context.Background(), store.DeadLetterFilter{MessageIDs: []string{msgs[0].UUID}}); err != nil {
 		t.Fatal(err)
 	}
 	mu.Lock()
@@ -834,7 +834,7 @@ func deadLetterListing[TTx any](t *testing.T, h Harness[TTx]) {
 			t.Errorf("%s: %d rows (%v), want %d", name, len(got), err, c.want)
 		}
 	}
-	replayed, err := e.Store.ReplayOutbox(ctx, store.DeadLetterFilter{ReasonContains: "refused b"})
+	replayed, err := e.Store.ReplayOutboxDeadLetters(ctx, store.DeadLetterFilter{ReasonContains: "refused b"})
 	if err != nil || len(replayed) != 1 {
 		t.Fatalf("replay by error text = %v, %v", replayed, err)
 	}

@@ -196,8 +196,8 @@ func finishedTransaction[TTx any](t *testing.T, h Harness[TTx]) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := pub.Publish("orders", pipeline.NewEvent("E", "k", nil)); !errors.Is(err, pipeline.ErrTxClosed) {
-			t.Errorf("after %s: got %v, want ErrTxClosed", finish, err)
+		if err := pub.Publish("orders", pipeline.NewEvent("E", "k", nil)); !errors.Is(err, pipeline.ErrTxDone) {
+			t.Errorf("after %s: got %v, want ErrTxDone", finish, err)
 		}
 	}
 	// After a failed statement: Postgres has aborted the transaction (ErrTxAborted, nothing

@@ -154,7 +154,7 @@ func decodeMetadata(raw []byte) map[string]string {
 	return md
 }
 
-func (s *Store) ReplayOutbox(ctx context.Context, f store.DeadLetterFilter) ([]store.DeadLetter, error) {
+func (s *Store) ReplayOutboxDeadLetters(ctx context.Context, f store.DeadLetterFilter) ([]store.DeadLetter, error) {
 	if f.Empty() && !f.All {
 		return nil, fmt.Errorf("replay outbox dead letters: %w", store.ErrEmptyFilter)
 	}
