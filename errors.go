@@ -38,7 +38,7 @@ func Unreachable(err error) error {
 // wrapped with Unreachable and the standard library's network failures: net.Error, refused or reset
 // connections, broken pipes, unexpected EOF and context deadlines (a confirm that never came).
 func IsUnreachable(err error) bool {
-	if err == nil {
+	if err == nil || IsAccessDenied(err) {
 		return false
 	}
 	var te *unreachableError
@@ -67,3 +67,53 @@ func Transport(err error) error { return Unreachable(err) }
 //
 // Deprecated: use IsUnreachable.
 func IsTransport(err error) bool { return IsUnreachable(err) }
+
+// accessDeniedError marks an error as a dependency refusing the program's credentials or
+// permissions.
+type accessDeniedError struct{ err error }
+
+func (e *accessDeniedError) Error() string { return "access denied: " + e.err.Error() }
+func (e *accessDeniedError) Unwrap() error { return e.err }
+
+// AccessDenied wraps err to say that a dependency refused the program's credentials or
+// permissions: a wrong password, a user without the rights it needs, a virtual host it may not
+// use. That is not an outage — trying again will not help until the configuration changes — and
+// not the message's fault: the forwarder and the consumer middleware hold their messages, say so
+// loudly at every attempt, and report it where they can at start (forwarder.Run, a subscriber's
+// first Subscribe). AccessDenied(nil) returns nil.
+func AccessDenied(err error) error {
+	if err == nil || IsAccessDenied(err) {
+		return err
+	}
+	return &accessDeniedError{err: err}
+}
+
+// IsAccessDenied reports whether err was marked with AccessDenied.
+func IsAccessDenied(err error) bool {
+	var ad *accessDeniedError
+	return errors.As(err, &ad)
+}
+
+// permanentError marks an error that no retry can fix.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string { return "permanent: " + e.err.Error() }
+func (e *permanentError) Unwrap() error { return e.err }
+
+// Permanent wraps err to say that trying the message again cannot succeed: a payload no consumer
+// can decode, a message the broker can never take (too large, unroutable, an invalid subject).
+// The forwarder dead-letters such a row at once instead of backing it off; a consumer's dead-letter
+// middleware dead-letters such a message at once instead of retrying it. Permanent(nil) returns
+// nil.
+func Permanent(err error) error {
+	if err == nil || IsPermanent(err) {
+		return err
+	}
+	return &permanentError{err: err}
+}
+
+// IsPermanent reports whether err, or an error it wraps, was marked with Permanent.
+func IsPermanent(err error) bool {
+	var p *permanentError
+	return errors.As(err, &p)
+}

@@ -3,6 +3,7 @@ package outboxkit
 import (
 	"context"
 	"fmt"
+	"reflect"
 )
 
 type txKey struct{}
@@ -23,8 +24,21 @@ func TxFrom[TTx any](ctx context.Context) (tx TTx, ok bool, err error) {
 	}
 	tx, ok = raw.(TTx)
 	if !ok {
-		return tx, false, fmt.Errorf("the transaction is a %T, not a %T: use the store driver of your database library "+
-			"(store/pgxstore for pgx.Tx, store/pgsqlstore, mysqlstore or sqlitestore for *sql.Tx)", raw, tx)
+		return tx, false, &TxTypeError{Want: reflect.TypeFor[TTx](), Got: reflect.TypeOf(raw)}
 	}
 	return tx, true, nil
+}
+
+// TxTypeError says that a handler wants its transaction in another type than the store gives: a
+// handler written for pgx.Tx behind a database/sql store, say. It is a mistake in the program, not
+// in the message: the middleware stack holds every message (none is dead-lettered, none counts a
+// delivery) and logs it until the program is fixed.
+type TxTypeError struct {
+	Want, Got reflect.Type
+}
+
+func (e *TxTypeError) Error() string {
+	return fmt.Sprintf("the handler takes its transaction as a %v, but the store gives a %v: write the handler for %v, "+
+		"or use the store driver of the handler's database library (store/pgxstore for pgx.Tx; store/pgsqlstore, "+
+		"mysqlstore or sqlitestore for *sql.Tx)", e.Want, e.Got, e.Got)
 }

@@ -12,6 +12,8 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxkit/outboxkit/internal/logs"
 )
 
 // DefaultCloudEventsSource is the CloudEvents source attribute unless Options.CloudEventsSource
@@ -21,16 +23,20 @@ const DefaultCloudEventsSource = "/outboxkit"
 // Options tune a backend. Each field applies to the schemes its comment names; Open rejects a
 // field set for another scheme rather than ignoring it.
 type Options struct {
-	// Logger receives the adapters' logs. Default: none. All schemes.
+	// Logger receives the adapters' logs. Default: slog.Default(), WARN and above. All schemes.
 	Logger watermill.LoggerAdapter
 
-	// ConsumerGroups names, per topic, the consumer groups that read it ("*" lists groups that
-	// read every topic). Where a group's copy of the messages exists only once the group has
-	// subscribed — RabbitMQ, whose fanout exchange drops what no bound queue takes — the publisher
-	// declares each group's queue before it first publishes to the topic, so a group that
-	// subscribes late (a new service, a consumer deployed after the producer) still gets everything
-	// published since the producer started. The other brokers keep a topic's messages for groups
-	// that come later by themselves; there it changes nothing. Default: none. All schemes.
+	// Consumers names, per topic, the consumers that read it ("*" lists consumers that read every
+	// topic). Where a consumer's copy of the messages exists only once it has subscribed —
+	// RabbitMQ, whose fanout exchange drops what no bound queue takes — the publisher declares
+	// each consumer's queue before it first publishes to the topic, so a consumer that subscribes
+	// late (a new service, a consumer deployed after the producer) still gets everything published
+	// since the producer started. The other brokers keep a topic's messages for consumers that come
+	// later by themselves; there it changes nothing. Default: none. All schemes.
+	Consumers map[string][]string
+	// ConsumerGroups is the former name of Consumers.
+	//
+	// Deprecated: use Consumers; the two are merged.
 	ConsumerGroups map[string][]string
 
 	// CloudEvents adds, beside Watermill's own format, each message's CloudEvents attributes in
@@ -104,10 +110,10 @@ type Backend struct {
 type Parts struct {
 	// Publisher publishes with the broker's confirms. Required.
 	Publisher message.Publisher
-	// NewSubscriber returns a subscriber for one consumer group (never ""). Required.
-	NewSubscriber func(consumerGroup string) (Subscriber, error)
-	// Lag reads a consumer group's backlog; nil when the broker cannot tell (ErrLagUnknown).
-	Lag func(ctx context.Context, topic, consumerGroup string) (Lag, error)
+	// NewSubscriber returns a subscriber for one consumer (never ""). Required.
+	NewSubscriber func(consumer string) (Subscriber, error)
+	// Lag reads a consumer's backlog; nil when the broker cannot tell (ErrLagUnknown).
+	Lag func(ctx context.Context, topic, consumer string) (Lag, error)
 	// Close releases what the parts hold, the publisher included, in reverse order.
 	Close []func() error
 }
@@ -166,15 +172,18 @@ func Schemes() string {
 	return strings.Join(forms, ", ")
 }
 
-// NewSubscriber returns a subscriber for one consumer group: every group gets every message of a
-// topic; consumers of one group share them, where the broker has consumer groups. It connects on first
-// use; a first Subscribe while the broker is down returns a channel at once and subscribes in the
-// background when the broker answers. Close it when done.
-func (b *Backend) NewSubscriber(consumerGroup string) (Subscriber, error) {
-	if consumerGroup == "" {
+// NewSubscriber returns a subscriber for one consumer — the consuming service, whose name is also
+// the one the middleware stack's inbox records (StackConfig.Consumer) — reading as the broker's
+// consumer group of that name (RabbitMQ: the queue "<topic>_<consumer>"; Kafka: the group id;
+// JetStream: the durable consumer; Redis Streams: the group): every consumer gets every message of
+// a topic, and the processes of one consumer share them. It connects on first use; a first
+// Subscribe while the broker is down returns a channel at once and subscribes in the background
+// when the broker answers. Close it when done.
+func (b *Backend) NewSubscriber(consumer string) (Subscriber, error) {
+	if consumer == "" {
 		return nil, errors.New("backends: a consumer group is required: name the consuming service (e.g. \"shipping\")")
 	}
-	return b.newSubscriber(consumerGroup)
+	return b.newSubscriber(consumer)
 }
 
 // Close closes the publisher and whatever the backend opened for it. Subscribers are closed by
@@ -220,8 +229,10 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
 	if err := opts.check(scheme); err != nil {
 		return nil, err
 	}
+	opts.Consumers = mergeConsumers(opts.Consumers, opts.ConsumerGroups)
+	opts.ConsumerGroups = nil
 	if opts.Logger == nil {
-		opts.Logger = watermill.NopLogger{}
+		opts.Logger = logs.Default()
 	}
 	parts, err := r.open(ctx, rawURL, opts)
 	if err != nil {
@@ -268,12 +279,30 @@ func (o Options) check(scheme string) error {
 	if o.Prefetch < 0 || o.Unacked < 0 || o.DuplicateWindow < 0 || o.AckWait < 0 || o.ClaimAfter < 0 || o.PollInterval < 0 {
 		return errors.New("options must not be negative")
 	}
-	for topic, groups := range o.ConsumerGroups {
-		for _, g := range groups {
-			if g == "" {
-				return fmt.Errorf("ConsumerGroups[%q] holds an empty group name", topic)
+	for topic, consumers := range mergeConsumers(o.Consumers, o.ConsumerGroups) {
+		for _, c := range consumers {
+			if c == "" {
+				return fmt.Errorf("Consumers[%q] holds an empty consumer name", topic)
 			}
 		}
 	}
 	return nil
+}
+
+// mergeConsumers joins two topic → consumers maps, each consumer once per topic.
+func mergeConsumers(a, b map[string][]string) map[string][]string {
+	if len(b) == 0 {
+		return a
+	}
+	out := map[string][]string{}
+	for _, m := range []map[string][]string{a, b} {
+		for topic, consumers := range m {
+			for _, c := range consumers {
+				if !slices.Contains(out[topic], c) {
+					out[topic] = append(out[topic], c)
+				}
+			}
+		}
+	}
+	return out
 }

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/internal/logs"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -130,7 +131,7 @@ type Config struct {
 	// Now is the clock for backoff, retention and ages. Default time.Now.
 	Now func() time.Time
 
-	// Logger receives the forwarder's logs. Default: none.
+	// Logger receives the forwarder's logs. Default: slog.Default(), WARN and above.
 	Logger watermill.LoggerAdapter
 
 	// Metrics receives what the forwarder does: prom.NewForwarderMetrics(registerer) exports it to
@@ -219,7 +220,7 @@ func (c Config) withDefaults() Config {
 		c.Now = time.Now
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = logs.Default()
 	}
 	if c.Metrics == nil {
 		c.Metrics = nopMetrics{}

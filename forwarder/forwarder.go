@@ -27,8 +27,10 @@ import (
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/internal/dbtext"
 	"github.com/outboxkit/outboxkit/internal/faults"
+	"github.com/outboxkit/outboxkit/internal/logs"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -57,13 +59,22 @@ type Forwarder struct {
 
 	lastPass    atomic.Int64 // unix nanoseconds of the last pass that completed
 	lastPublish atomic.Int64 // unix nanoseconds of the last pass that published a row
+	passSince   atomic.Int64 // unix nanoseconds of the start of the pass in progress; 0 when none
+	blocked     atomic.Pointer[error]
 }
 
 // Health is what a readiness probe needs to know about the relay itself.
 type Health struct {
 	LastPass    time.Time // last pass that completed (zero: none yet)
 	LastPublish time.Time // last pass that published at least one row (zero: none yet)
-	CircuitOpen bool      // the broker could not be reached lately
+	CircuitOpen bool      // the broker could not be reached lately, or refused the relay
+	// PassRunningSince is when the pass in progress started; zero when none runs. A pass waiting
+	// on a broker that does not answer shows here before it ends (PublishTimeout bounds it).
+	PassRunningSince time.Time
+	// Blocked is the error that stops publishing until a publish gets through: the broker
+	// unreachable, or refusing the relay's credentials or permissions (outboxkit.IsAccessDenied:
+	// no outage ends that, only a fix). Nil while publishing works.
+	Blocked error
 }
 
 // Config is the forwarder's configuration with every default filled in.
@@ -81,6 +92,12 @@ func (f *Forwarder) Health() Health {
 	}
 	state, _ := f.circuit.state(f.cfg.Now())
 	h.CircuitOpen = state != CircuitClosed
+	if t := f.passSince.Load(); t > 0 {
+		h.PassRunningSince = time.Unix(0, t)
+	}
+	if err := f.blocked.Load(); err != nil {
+		h.Blocked = *err
+	}
 	return h
 }
 
@@ -147,6 +164,8 @@ func New(cfg Config) (*Forwarder, error) {
 // error: it is reported in Result.UnreachableErr and the circuit opens.
 func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 	now := f.cfg.Now()
+	f.passSince.Store(now.UnixNano())
+	defer f.passSince.Store(0)
 	limit, inFlight := f.cfg.BatchSize, f.cfg.MaxInFlight
 	switch state, retryAt := f.circuit.state(now); state {
 	case CircuitOpen:
@@ -206,20 +225,31 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 
 	if out.unreachable != nil {
 		retryAt := f.circuit.recordUnreachable(f.cfg.Now())
+		f.blocked.Store(&out.unreachable)
 		f.cfg.Metrics.CircuitChanged(CircuitOpen)
-		f.cfg.Logger.Error("Broker unreachable, circuit open", out.unreachable, watermill.LogFields{
-			"forwarder": f.cfg.Name, "retry_at": retryAt, "published": res.Published,
-		})
+		fields := watermill.LogFields{"forwarder": f.cfg.Name, "retry_at": retryAt, "published": res.Published}
+		if outboxkit.IsAccessDenied(out.unreachable) {
+			// Said at every probe: no outage ends this, only a fix of the configuration.
+			f.cfg.Logger.Error("The broker refused the relay's credentials or permissions: rows wait until the configuration is fixed",
+				out.unreachable, fields)
+		} else {
+			f.cfg.Logger.Error("Broker unreachable, circuit open", out.unreachable, fields)
+		}
 	} else if res.Published > 0 || res.Failed > 0 {
+		f.blocked.Store(nil)
 		if f.circuit.recordReachable() {
 			f.cfg.Logger.Info("Broker reachable again, circuit closed", watermill.LogFields{"forwarder": f.cfg.Name})
 		}
 		f.cfg.Metrics.CircuitChanged(CircuitClosed)
 	}
-	for _, fr := range out.failed {
-		f.cfg.Logger.Info("Outbox row publish failed", watermill.LogFields{
-			"forwarder": f.cfg.Name, "seq": fr.seq, "attempt": fr.attempts + 1, "error": fr.err.Error(),
-		})
+	for i, fr := range out.failed {
+		fields := watermill.LogFields{"forwarder": f.cfg.Name, "seq": fr.seq, "attempt": fr.attempts + 1, "error": fr.err.Error()}
+		if outcome.Failed[i].DeadLettered {
+			fields["permanent"] = fr.permanent
+			logs.Warn(f.cfg.Logger, "Outbox row dead-lettered: it waits for an operator's replay", nil, fields)
+			continue
+		}
+		f.cfg.Logger.Info("Outbox row publish failed, backing off", fields.Add(watermill.LogFields{"next_attempt_at": outcome.Failed[i].NextAttemptAt}))
 	}
 	return res, nil
 }
@@ -235,7 +265,7 @@ func (f *Forwarder) outcome(out outcome) (store.Outcome, int) {
 	dead := 0
 	for _, fr := range out.failed {
 		row := store.FailedRow{Seq: fr.seq, Error: dbtext.Storable(fr.err.Error())}
-		if attempts := fr.attempts + 1; attempts >= f.cfg.MaxAttempts {
+		if attempts := fr.attempts + 1; attempts >= f.cfg.MaxAttempts || fr.permanent {
 			row.DeadLettered = true
 			dead++
 		} else {

@@ -35,9 +35,10 @@ type publishedRow struct {
 }
 
 type failedRow struct {
-	seq      int64
-	attempts int // failures before this one
-	err      error
+	seq       int64
+	attempts  int // failures before this one
+	err       error
+	permanent bool // no attempt can succeed: dead-letter it now
 }
 
 // publishGroups publishes each group's rows in order, up to inFlight groups at a time. A group stops
@@ -99,7 +100,7 @@ func (f *Forwarder) publishGroups(ctx context.Context, groups [][]store.OutboxRo
 				case ctx.Err() != nil && !errors.Is(ctx.Err(), context.DeadlineExceeded):
 					// Shutting down: the row was not necessarily refused; leave it for the next relay.
 					out.released += len(group) - i
-				case f.cfg.IsUnreachable(err) || errors.Is(ctx.Err(), context.DeadlineExceeded):
+				case f.cfg.IsUnreachable(err) || outboxkit.IsAccessDenied(err) || errors.Is(ctx.Err(), context.DeadlineExceeded):
 					if out.unreachable == nil {
 						out.unreachable = err
 					}
@@ -107,7 +108,7 @@ func (f *Forwarder) publishGroups(ctx context.Context, groups [][]store.OutboxRo
 					f.cfg.Metrics.PublishFailed(true)
 					halt()
 				default:
-					out.failed = append(out.failed, failedRow{seq: r.Seq, attempts: r.Attempts, err: err})
+					out.failed = append(out.failed, failedRow{seq: r.Seq, attempts: r.Attempts, err: err, permanent: outboxkit.IsPermanent(err)})
 					out.released += len(group) - i - 1
 					f.cfg.Metrics.PublishFailed(false)
 				}
@@ -165,7 +166,7 @@ func (f *Forwarder) publishRow(ctx context.Context, r store.OutboxRow) (err erro
 func (f *Forwarder) toMessage(r store.OutboxRow) (*message.Message, string, error) {
 	md := message.Metadata{}
 	if err := json.Unmarshal(r.Metadata, &md); err != nil {
-		return nil, "", fmt.Errorf("outbox row %d: metadata is not a JSON object of strings: %w", r.Seq, err)
+		return nil, "", outboxkit.Permanent(fmt.Errorf("outbox row %d: metadata is not a JSON object of strings: %w", r.Seq, err))
 	}
 	if r.PartitionKey != "" {
 		md.Set(outboxkit.MetadataPartitionKey, r.PartitionKey) // stored in its column only
@@ -176,7 +177,7 @@ func (f *Forwarder) toMessage(r store.OutboxRow) (*message.Message, string, erro
 	msg.Metadata = md
 	topic := f.cfg.TopicMapping(r.Topic, r.PartitionKey)
 	if topic == "" {
-		return nil, "", fmt.Errorf("outbox row %d: TopicMapping mapped topic %q to an empty topic", r.Seq, r.Topic)
+		return nil, "", outboxkit.Permanent(fmt.Errorf("outbox row %d: TopicMapping mapped topic %q to an empty topic", r.Seq, r.Topic))
 	}
 	return msg, topic, nil
 }

@@ -2,11 +2,14 @@ package forwarder
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -15,13 +18,19 @@ import (
 // It runs a pass when a writer wakes it (the store's Waker: Postgres NOTIFY on a connection of its
 // own that reconnects by itself, SQLite's in-process signal), when the jittered PollInterval
 // elapses, and back to back while passes come back full.
-// Database and broker failures never end it: it logs them and backs off. Retention runs on its own
-// timer. Run may not be called twice at once on one Forwarder.
+// Database and broker failures never end it: it logs them and backs off. What no outage explains
+// ends it at once, with an error that says what to do: outboxkit's tables missing or migrated by a
+// newer build, the database or the broker (when its publisher can check, as the backends' do)
+// refusing the relay's credentials. Retention runs on its own timer. Run may not be called twice at
+// once on one Forwarder.
 func (f *Forwarder) Run(ctx context.Context) error {
 	if !f.running.CompareAndSwap(false, true) {
 		return errAlreadyRunning
 	}
 	defer f.running.Store(false)
+	if err := f.checkAtStart(ctx); err != nil {
+		return err
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -156,6 +165,34 @@ func (f *Forwarder) stayAwake(ctx context.Context, a store.Awaker, s *awakeState
 	}
 	// Until the last writer told has committed: AwakeFor, and a margin for its transaction.
 	return busy || now.Before(s.until.Add(50*time.Millisecond))
+}
+
+// checker is a publisher that can tell, before it publishes, whether the broker accepts it.
+type checker interface {
+	Check(ctx context.Context) error
+}
+
+// checkAtStart refuses to start on a misconfiguration (missing or newer tables, refused
+// credentials); an unreachable database or broker is only logged: the relay starts, and waits.
+func (f *Forwarder) checkAtStart(ctx context.Context) error {
+	fields := watermill.LogFields{"forwarder": f.cfg.Name}
+	cctx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
+	defer cancel()
+	if err := f.cfg.Store.CheckSchema(cctx); err != nil {
+		if errors.Is(err, store.ErrNotMigrated) || errors.Is(err, store.ErrNewerSchema) || outboxkit.IsAccessDenied(err) {
+			return fmt.Errorf("forwarder %s: %w", f.cfg.Name, err)
+		}
+		f.cfg.Logger.Error("Cannot check the outbox's tables at start; the relay starts and retries", err, fields)
+	}
+	if c, ok := f.cfg.Publisher.(checker); ok {
+		if err := c.Check(cctx); err != nil {
+			if outboxkit.IsAccessDenied(err) {
+				return fmt.Errorf("forwarder %s: the broker refuses the relay: %w", f.cfg.Name, err)
+			}
+			f.cfg.Logger.Error("Broker unreachable at start; the relay starts and waits for it", err, fields)
+		}
+	}
+	return nil
 }
 
 // Running is closed once the first Run is relaying and, where the store's writers wake relays,

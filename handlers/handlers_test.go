@@ -120,13 +120,23 @@ func TestPermanent(t *testing.T) {
 	}
 }
 
-// A handler written for another driver's transaction type gets a permanent error naming both
-// types, not a nil transaction.
+// A handler written for another driver's transaction type gets an *outboxkit.TxTypeError naming
+// both types — a mistake in the program, which the stack holds, not a permanent error of the
+// message, which it would dead-letter — and never a nil transaction.
 func TestJSON_WrongTransactionTypeSaysWhich(t *testing.T) {
 	called := false
 	h := handlers.JSON(func(context.Context, *fakeTx, order) error { called = true; return nil })
 	err := h(msgWithTx(`{}`, "a transaction of another type"))
-	if called || !handlers.IsPermanent(err) || !strings.Contains(err.Error(), "string") || !strings.Contains(err.Error(), "fakeTx") {
-		t.Fatalf("err = %v (handler ran: %v); want a permanent error naming both types", err, called)
+	var tte *outboxkit.TxTypeError
+	if called || handlers.IsPermanent(err) || !errors.As(err, &tte) || !strings.Contains(err.Error(), "string") ||
+		!strings.Contains(err.Error(), "*handlers_test.fakeTx") {
+		t.Fatalf("err = %v (handler ran: %v); want an *outboxkit.TxTypeError naming both types", err, called)
+	}
+	// An interface type (pgx.Tx is one) is named too, not printed as <nil>.
+	type txIface interface{ Commit() error }
+	hi := handlers.JSON(func(context.Context, txIface, order) error { called = true; return nil })
+	if err := hi(msgWithTx(`{}`, "a transaction of another type")); called || !strings.Contains(err.Error(), "txIface") ||
+		strings.Contains(err.Error(), "<nil>") {
+		t.Fatalf("err = %v; want the interface type named", err)
 	}
 }

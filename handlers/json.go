@@ -33,15 +33,16 @@ func JSON[TTx, T any](fn Func[TTx, T]) message.NoPublishHandlerFunc {
 // Decoded is JSON with a decoder of your choice (protobuf, Avro…). A decode error is permanent.
 //
 // A handler whose TTx is not the store's transaction type (a pgx.Tx handler behind a database/sql
-// store) fails with a permanent error that names both types: every message it is given is
-// dead-lettered, and replayable once the handler or the store is changed.
+// store) fails with an *outboxkit.TxTypeError that names both types: a mistake in the program, on
+// which the middleware stack holds every message — none is dead-lettered or counted — and logs it
+// until the program is fixed.
 func Decoded[TTx, T any](decode Decoder[T], fn Func[TTx, T]) message.NoPublishHandlerFunc {
 	return func(msg *message.Message) error {
 		ctx := msg.Context()
 		tx, ok, err := outboxkit.TxFrom[TTx](ctx)
 		switch {
 		case err != nil:
-			return Permanent(fmt.Errorf("message %s: %w", msg.UUID, err))
+			return fmt.Errorf("message %s: %w", msg.UUID, err)
 		case !ok:
 			return Permanent(ErrNoTx)
 		}

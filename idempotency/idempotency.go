@@ -24,6 +24,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/internal/logs"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -45,7 +46,7 @@ type Config struct {
 	MaxBodyBytes int64
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
-	// Logger receives a line for each request the database kept from being served. Default: none.
+	// Logger receives a line for each request the database kept from being served. Default: slog.Default(), WARN and above.
 	Logger watermill.LoggerAdapter
 }
 
@@ -57,7 +58,7 @@ func (c Config) withDefaults() Config {
 		c.Now = time.Now
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = logs.Default()
 	}
 	return c
 }

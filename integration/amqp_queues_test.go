@@ -21,7 +21,7 @@ func TestAMQP_QuorumQueues(t *testing.T) {
 	url := testenv.AMQPURL(t)
 	topic := testenv.UniqueName(t, "quorum") + ".placed"
 	dropWhenDone(t, "amqp", url, []string{topic}, []string{"billing"})
-	b := openBackend(t, url, backends.Options{QuorumQueues: true, ConsumerGroups: map[string][]string{"*": {"billing"}}})
+	b := openBackend(t, url, backends.Options{QuorumQueues: true, Consumers: map[string][]string{"*": {"billing"}}})
 	msg := pipeline.NewEvent("OrderPlaced", "k", []byte(`{}`))
 	if err := b.Publisher.Publish(topic, msg); err != nil { // declares the quorum queue first
 		t.Fatal(err)

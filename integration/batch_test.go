@@ -77,7 +77,7 @@ func TestHelperBatchConsumer(t *testing.T) {
 	p := strings.Split(spec, "|")
 	pgURL, schemaName, amqpURL, topic, crash, handled := p[0], p[1], p[2], p[3], p[4], p[5]
 	pg := testenv.AttachPG(t, pgURL, schemaName)
-	sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: amqpURL, ConsumerGroup: "billing", Unacked: 50})
+	sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: amqpURL, Consumer: "billing", Unacked: 50})
 	if err != nil {
 		t.Fatal(err)
 	}

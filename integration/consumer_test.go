@@ -53,7 +53,7 @@ func startConsumer(t testing.TB, s *pgxstore.Store, amqpURL, topic, group string
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: amqpURL, ConsumerGroup: group})
+	sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: amqpURL, Consumer: group})
 	if err != nil {
 		t.Fatal(err)
 	}

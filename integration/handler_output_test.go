@@ -98,7 +98,7 @@ func TestHelperEmittingConsumer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: amqpURL, ConsumerGroup: "billing"})
+	sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: amqpURL, Consumer: "billing"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/handlers"
+	"github.com/outboxkit/outboxkit/internal/logs"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -43,7 +44,7 @@ func (c BatchConfig) withDefaults() BatchConfig {
 		c.Now = time.Now
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = logs.Default()
 	}
 	if c.DedupWindow == 0 {
 		c.DedupWindow = c.InboxRetention

@@ -11,6 +11,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/internal/logs"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -46,7 +47,7 @@ type CircuitConfig struct {
 	Metrics Metrics
 	// Now is the clock the probe times are computed with. Default time.Now.
 	Now func() time.Time
-	// Logger receives a line when the circuit opens and when it closes. Default: none.
+	// Logger receives a line when the circuit opens and when it closes. Default: slog.Default(), WARN and above.
 	Logger watermill.LoggerAdapter
 }
 
@@ -57,6 +58,13 @@ type CircuitConfig struct {
 // and every other message of the consumer wait. At the probe time one message tries again; while
 // the dependency stays away the probes back off (Backoff); once one gets through the circuit
 // closes and every waiting message goes on. Failures of the message itself pass through untouched.
+//
+// A consumer that is set up wrong is held the same way, with an error logged at every probe: a
+// handler written for another transaction type than the store's (outboxkit.TxTypeError), a
+// message its subscriber delivered for another consumer (ErrWrongConsumer), outboxkit's tables
+// missing or migrated by a newer build (store.ErrNotMigrated, store.ErrNewerSchema). Such a fault
+// is the program's, not the message's: nothing is dead-lettered or counted for it, and the messages
+// go on once it is fixed.
 //
 // It belongs outside DeliveryCount (Stack puts it there), so a held message is delivered once
 // however long it waits and the outage never counts toward MaxDeliveries. When the message's
@@ -81,7 +89,7 @@ func NewCircuit(cfg CircuitConfig) (message.HandlerMiddleware, error) {
 		cfg.Now = time.Now
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
+		cfg.Logger = logs.Default()
 	}
 	c := &consumerCircuit{backoff: cfg.Backoff, changed: make(chan struct{})}
 	if cfg.Metrics != nil {
@@ -100,10 +108,26 @@ func NewCircuit(cfg CircuitConfig) (message.HandlerMiddleware, error) {
 					}
 					return nil, fmt.Errorf("message %s waited for an unreachable dependency until: %w", msg.UUID, err)
 				}
-				out, err := h(msg)
+				var out []*message.Message
+				err = checkConsumer(msg, cfg.Consumer)
+				if err == nil {
+					out, err = h(msg)
+				}
 				if ctx.Err() != nil {
 					c.abandon(probe) // shutting down: no verdict on the dependency
+					if err != nil && lastErr != nil {
+						return out, lastErr // why the message was held
+					}
 					return out, err
+				}
+				if misconfigured(err) {
+					// Nothing the message did: it waits, with every other message of the consumer,
+					// and the fault is said loudly at every probe until it is fixed.
+					lastErr = err
+					retryAt, _ := c.fail(cfg.Now(), probe)
+					cfg.Logger.Error("The consumer is misconfigured: every message waits until it is fixed", err,
+						fields.Add(watermill.LogFields{"message_uuid": msg.UUID, "retry_at": retryAt}))
+					continue
 				}
 				if err != nil && cfg.IsUnreachable(err) {
 					lastErr = err

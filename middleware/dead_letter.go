@@ -12,6 +12,7 @@ import (
 
 	"github.com/outboxkit/outboxkit/handlers"
 	"github.com/outboxkit/outboxkit/internal/dbtext"
+	"github.com/outboxkit/outboxkit/internal/logs"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -57,7 +58,7 @@ type DeadLetterConfig struct {
 
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
-	// Logger receives one line per dead-lettered message. Default: none.
+	// Logger receives one line per dead-lettered message. Default: slog.Default(), WARN and above.
 	Logger watermill.LoggerAdapter
 }
 
@@ -75,7 +76,7 @@ func (c DeadLetterConfig) withDefaults() DeadLetterConfig {
 		c.Now = time.Now
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = logs.Default()
 	}
 	return c
 }
@@ -150,8 +151,8 @@ func (dl *deadLetter) handle(h message.HandlerFunc, msg *message.Message) ([]*me
 	switch {
 	case err == nil:
 		return out, nil
-	case dl.cfg.IsUnreachable(err) && !handlers.IsPermanent(err):
-		return out, err // not the message's fault: the circuit waits for the dependency
+	case held(dl.cfg.IsUnreachable, err) && !handlers.IsPermanent(err):
+		return out, err // not the message's fault: the circuit waits for the dependency, or the fix
 	case handlers.IsPermanent(err):
 		return nil, dl.deadLetter(msg, d, err.Error())
 	case d.count >= dl.cfg.MaxDeliveries:

@@ -99,3 +99,35 @@ func validConsumer(name string) error {
 // errNoUUID rejects messages the inbox cannot deduplicate; the inbox marks it permanent.
 var errNoUUID = errors.New("message has no UUID: outboxkit deduplicates on it; publish through the outbox, " +
 	"or give every message a unique UUID (RabbitMQ's message_id and a CloudEvents id serve too)")
+
+// ErrWrongConsumer is returned (wrapped) for a message that a subscriber delivered for another
+// consumer than the one the stack was built for: the subscription's consumer name and
+// StackConfig.Consumer must be the same, or the inbox would record the message under a name no
+// subscription reads for.
+var ErrWrongConsumer = errors.New("the message was delivered to another consumer than the stack's")
+
+// misconfigured reports whether err says the consumer itself is set up wrong, whatever the
+// message: a handler written for another transaction type than the store's, a stack built for
+// another consumer than its subscription's, outboxkit's tables missing or migrated by a newer
+// build, credentials or permissions a dependency refuses. Like an unreachable dependency it holds the message and counts nothing, until the program
+// or the database is fixed; nothing is dead-lettered for it.
+func misconfigured(err error) bool {
+	var tte *outboxkit.TxTypeError
+	return errors.As(err, &tte) || errors.Is(err, ErrWrongConsumer) || errors.Is(err, store.ErrNotMigrated) ||
+		errors.Is(err, store.ErrNewerSchema) || outboxkit.IsAccessDenied(err)
+}
+
+// held reports whether a failure holds the message rather than counting against it: a dependency
+// could not be reached, or the consumer is misconfigured.
+func held(isUnreachable func(error) bool, err error) bool {
+	return err != nil && (isUnreachable(err) || misconfigured(err))
+}
+
+// checkConsumer refuses a message that a subscriber stamped with another consumer's name.
+func checkConsumer(msg *message.Message, consumer string) error {
+	if got, ok := outboxkit.ConsumerFrom(msg.Context()); ok && got != consumer {
+		return fmt.Errorf("consumer %q: %w: its subscription is for consumer %q; give the subscriber and StackConfig.Consumer "+
+			"the same name", consumer, ErrWrongConsumer, got)
+	}
+	return nil
+}

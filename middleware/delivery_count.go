@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/internal/dbtext"
+	"github.com/outboxkit/outboxkit/internal/logs"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -35,7 +36,7 @@ type DeliveryCountConfig struct {
 	IsUnreachable func(error) bool
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
-	// Logger. Default: none.
+	// Logger. Default: slog.Default(), WARN and above.
 	Logger watermill.LoggerAdapter
 }
 
@@ -47,7 +48,7 @@ func (c DeliveryCountConfig) withDefaults() DeliveryCountConfig {
 		c.Now = time.Now
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = logs.Default()
 	}
 	return c
 }
@@ -115,7 +116,7 @@ func (dc *deliveryCount) handle(h message.HandlerFunc, msg *message.Message) ([]
 		locked.Unlock(ctx)
 	}()
 	out, err := h(msg)
-	if err != nil && !d.deadLettered && !dc.cfg.IsUnreachable(err) {
+	if err != nil && !d.deadLettered && !held(dc.cfg.IsUnreachable, err) {
 		if rerr := locked.RecordFailure(ctx, dc.cfg.Consumer, msg.UUID, dbtext.Storable(err.Error())); rerr != nil {
 			dc.cfg.Logger.Error("Cannot record the delivery's error", rerr, watermill.LogFields{
 				"consumer": dc.cfg.Consumer, "message_uuid": msg.UUID,
@@ -130,7 +131,7 @@ func (dc *deliveryCount) handle(h message.HandlerFunc, msg *message.Message) ([]
 func (dc *deliveryCount) vouchedFirst(h message.HandlerFunc, msg *message.Message, d *delivery) ([]*message.Message, error) {
 	d.count = 1
 	out, err := h(msg)
-	if err == nil || d.deadLettered || dc.cfg.IsUnreachable(err) {
+	if err == nil || d.deadLettered || held(dc.cfg.IsUnreachable, err) {
 		return out, err
 	}
 	// Recorded even when the delivery failed because its context ended.

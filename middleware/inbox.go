@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/handlers"
+	"github.com/outboxkit/outboxkit/internal/logs"
 	"github.com/outboxkit/outboxkit/internal/outboxmsg"
 	"github.com/outboxkit/outboxkit/store"
 )
@@ -48,7 +49,7 @@ type InboxConfig struct {
 
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
-	// Logger receives a debug line per duplicate. Default: none.
+	// Logger receives a debug line per duplicate. Default: slog.Default(), WARN and above.
 	Logger watermill.LoggerAdapter
 }
 
@@ -63,7 +64,7 @@ func (c InboxConfig) withDefaults() InboxConfig {
 		c.Now = time.Now
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = logs.Default()
 	}
 	return c
 }

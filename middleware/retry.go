@@ -10,6 +10,7 @@ import (
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/handlers"
+	"github.com/outboxkit/outboxkit/internal/logs"
 )
 
 // DefaultMaxRetries is how many times a failed message is retried in-process.
@@ -30,7 +31,7 @@ type RetryConfig struct {
 	// IsUnreachable recognises failures to reach a dependency, which are left to the Circuit
 	// further out instead of being retried here. Default IsUnreachable.
 	IsUnreachable func(error) bool
-	// Logger receives one line per retry. Default: none.
+	// Logger receives one line per retry. Default: slog.Default(), WARN and above.
 	Logger watermill.LoggerAdapter
 }
 
@@ -45,7 +46,7 @@ func (c RetryConfig) withDefaults() RetryConfig {
 		c.Backoff = DefaultRetryBackoff
 	}
 	if c.Logger == nil {
-		c.Logger = watermill.NopLogger{}
+		c.Logger = logs.Default()
 	}
 	if c.IsUnreachable == nil {
 		c.IsUnreachable = IsUnreachable
@@ -77,7 +78,7 @@ func NewRetry(cfg RetryConfig) (message.HandlerMiddleware, error) {
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			out, err := h(msg)
-			for retry := 1; err != nil && retry <= cfg.MaxRetries && retryable(err) && !cfg.IsUnreachable(err); retry++ {
+			for retry := 1; err != nil && retry <= cfg.MaxRetries && retryable(err) && !held(cfg.IsUnreachable, err); retry++ {
 				wait := cfg.Backoff.Delay(retry)
 				cfg.Logger.Debug("Retrying message", watermill.LogFields{
 					"message_uuid": msg.UUID, "retry": retry, "wait": wait, "error": err.Error(),

@@ -65,7 +65,7 @@ type StackConfig struct {
 	TracerProvider trace.TracerProvider
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
-	// Logger. Default: none.
+	// Logger. Default: slog.Default(), WARN and above.
 	Logger watermill.LoggerAdapter
 }
 

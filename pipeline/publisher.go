@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -52,8 +53,8 @@ func NewPublisher[TTx any](s store.Driver[TTx], tx TTx, _ PublisherConfig) (*Pub
 	if s == nil {
 		return nil, errors.New("pipeline.NewPublisher: the store is nil: pass the store of the database holding the outbox")
 	}
-	if any(tx) == nil {
-		return nil, errors.New("pipeline.NewPublisher: tx is nil: begin a transaction and pass it")
+	if v := reflect.ValueOf(any(tx)); !v.IsValid() || (v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface) && v.IsNil() {
+		return nil, fmt.Errorf("pipeline.NewPublisher: tx is a nil %v: begin a transaction and pass it", reflect.TypeFor[TTx]())
 	}
 	return &Publisher{tx: s.UnwrapTx(tx)}, nil
 }

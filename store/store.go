@@ -16,6 +16,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -42,6 +43,10 @@ type Store interface {
 	// Migrate creates or upgrades outboxkit's tables. It is idempotent and safe to run from
 	// several processes at once, and refuses a database migrated by a newer build.
 	Migrate(ctx context.Context) (MigrateResult, error)
+	// CheckSchema reports whether outboxkit's tables are at the version this build needs: nil
+	// when they are, an error wrapping ErrNotMigrated (tables missing or behind: run Migrate) or
+	// ErrNewerSchema (migrated by a newer build) that names both versions, or the database's error.
+	CheckSchema(ctx context.Context) error
 
 	// Claim takes the next outbox rows to publish, for one relay pass (see Claim).
 	Claim(ctx context.Context, p ClaimParams) (Claim, error)
@@ -383,8 +388,8 @@ type MigrateResult struct {
 // ErrNewerSchema is returned (wrapped) by Migrate for a database migrated by a newer build.
 var ErrNewerSchema = errors.New("the database was migrated by a newer outboxkit: upgrade outboxkit before running it against this database")
 
-// ErrDuplicateUUID is returned (wrapped) by InsertOutbox when a message's UUID is already in the
-// outbox (or repeated within the call).
+// ErrDuplicateUUID is returned (wrapped) when a message's UUID is already in the outbox — or, from
+// the publisher, repeated within one Publish call, which its error says.
 var ErrDuplicateUUID = errors.New("a message with this UUID is already in the outbox; every message needs its own UUID")
 
 // ErrTxDone is returned (wrapped) for a transaction that was already committed or rolled back.
@@ -394,5 +399,20 @@ var ErrTxDone = errors.New("the transaction is already committed or rolled back;
 // ErrTxAborted is returned (wrapped) by InsertOutbox in a transaction an earlier error aborted.
 var ErrTxAborted = errors.New("the transaction was aborted by an earlier error; roll it back")
 
-// ErrNotMigrated is returned (wrapped) when outboxkit's tables do not exist.
-var ErrNotMigrated = errors.New("outboxkit's tables do not exist: run Migrate (or `outboxctl migrate`) first")
+// ErrNotMigrated is returned (wrapped) when outboxkit's tables do not exist, or are at an older
+// version than this build needs.
+var ErrNotMigrated = errors.New("outboxkit's tables are missing or out of date: run Migrate (or `outboxctl migrate`) first")
+
+// CheckVersion compares the version a schema's tables are at with the newest version a build
+// knows: nil when equal, otherwise ErrNotMigrated or ErrNewerSchema, wrapped with both versions.
+func CheckVersion(schema string, current, newest int) error {
+	switch {
+	case current == 0:
+		return fmt.Errorf("schema %s has no outboxkit tables (this build needs version %d): %w", schema, newest, ErrNotMigrated)
+	case current < newest:
+		return fmt.Errorf("schema %s is at version %d, this build needs version %d: %w", schema, current, newest, ErrNotMigrated)
+	case current > newest:
+		return fmt.Errorf("schema %s is at version %d, this build knows versions up to %d: %w", schema, current, newest, ErrNewerSchema)
+	}
+	return nil
+}

@@ -19,6 +19,7 @@ import (
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
+	"github.com/outboxkit/outboxkit/internal/logs"
 )
 
 // PublisherConfig configures the RabbitMQ publisher. Topics map to durable fanout exchanges of the same
@@ -34,11 +35,15 @@ type PublisherConfig struct {
 	DialTimeout time.Duration
 	// Heartbeat is the AMQP heartbeat interval, which detects a dead connection. Default 10s.
 	Heartbeat time.Duration
-	// ConsumerGroups names, per topic, the consumer groups whose queues ("<topic>_<group>", bound
-	// to the topic's exchange) the publisher declares before it first publishes to the topic ("*":
-	// every topic). A fanout exchange drops what no queue is bound to take, and mandatory publishing
-	// fails only when no queue at all is bound: without this, a group whose queue does not exist
-	// yet misses, silently, everything published before it first subscribes. Default: none.
+	// Consumers names, per topic, the consumers whose queues ("<topic>_<consumer>", bound to the
+	// topic's exchange) the publisher declares before it first publishes to the topic ("*": every
+	// topic). A fanout exchange drops what no queue is bound to take, and mandatory publishing fails
+	// only when no queue at all is bound: without this, a consumer whose queue does not exist yet
+	// misses, silently, everything published before it first subscribes. Default: none.
+	Consumers map[string][]string
+	// ConsumerGroups is the former name of Consumers.
+	//
+	// Deprecated: use Consumers; read only when Consumers is empty.
 	ConsumerGroups map[string][]string
 	// QuorumQueues declares those queues as quorum queues; it must match the subscribers'
 	// SubscriberConfig.QuorumQueues. Default false.
@@ -52,7 +57,7 @@ type PublisherConfig struct {
 	CloudEvents bool
 	// CloudEventsSource is the source attribute. Default backends.DefaultCloudEventsSource.
 	CloudEventsSource string
-	// Logger receives connection events. Default: none.
+	// Logger receives connection events. Default: slog.Default(), WARN and above.
 	Logger watermill.LoggerAdapter
 }
 
@@ -128,15 +133,18 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 		cfg.Heartbeat = 10 * time.Second
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
+		cfg.Logger = logs.Default()
 	}
 	if cfg.Channels < 0 || cfg.DialTimeout < 0 || cfg.Heartbeat < 0 {
 		return nil, errors.New("amqp publisher: Channels, DialTimeout and Heartbeat must not be negative")
 	}
-	for topic, groups := range cfg.ConsumerGroups {
-		for _, g := range groups {
-			if g == "" {
-				return nil, fmt.Errorf("amqp publisher: ConsumerGroups[%q] holds an empty group name", topic)
+	if len(cfg.Consumers) == 0 {
+		cfg.Consumers = cfg.ConsumerGroups
+	}
+	for topic, consumers := range cfg.Consumers {
+		for _, c := range consumers {
+			if c == "" {
+				return nil, fmt.Errorf("amqp publisher: Consumers[%q] holds an empty consumer name", topic)
 			}
 		}
 	}
@@ -153,7 +161,7 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 	}
 	ctx := msgs[0].Context()
 	if err := p.declare(ctx, topic); err != nil {
-		return err
+		return markAccessDenied(err)
 	}
 	sc, err := p.channel(ctx)
 	if err != nil {
@@ -200,7 +208,10 @@ func (p *Publisher) Publish(topic string, msgs ...*message.Message) error {
 		}
 	}
 	if len(unroutable) > 0 {
-		return fmt.Errorf("publish to exchange %q: messages %s: %w", topic, strings.Join(unroutable, ", "), ErrUnroutable)
+		// Unroutable now is unroutable on every retry until a queue is bound: dead-lettered at once
+		// (and replayable), rather than retried for minutes. Options.Consumers declares the
+		// consumers' queues before the first publish, so that this does not happen to them.
+		return outboxkit.Permanent(fmt.Errorf("publish to exchange %q: messages %s: %w", topic, strings.Join(unroutable, ", "), ErrUnroutable))
 	}
 	return nil
 }
@@ -271,6 +282,17 @@ func (sc *sharedChannel) takeReturn(id string) bool {
 	return ok
 }
 
+// markAccessDenied marks a refusal of the credentials (403 ACCESS_REFUSED, which the broker also
+// sends for a wrong password) or of the virtual host (530 NOT_ALLOWED) as outboxkit.AccessDenied:
+// not an outage, which retrying would wait out.
+func markAccessDenied(err error) error {
+	var ae *amqp.Error
+	if errors.As(err, &ae) && (ae.Code == amqp.AccessRefused || ae.Code == amqp.NotAllowed) {
+		return outboxkit.AccessDenied(err)
+	}
+	return err
+}
+
 // failure classifies a failed publish on sc. A channel closed by a soft exception (406 precondition
 // failed, 404 not found, 403 access refused…) refused one message, but the broker does not say
 // which, and every message in flight on the channel is nacked with it. So the message is blamed
@@ -285,6 +307,9 @@ func (sc *sharedChannel) failure(tag uint64, err error) error {
 	e := sc.closeErr
 	if e == nil {
 		return outboxkit.Unreachable(err)
+	}
+	if e.Code == amqp.AccessRefused || e.Code == amqp.NotAllowed {
+		return outboxkit.AccessDenied(fmt.Errorf("%w: broker closed the channel: %s (%d)", err, e.Reason, e.Code))
 	}
 	if e.Recover && tag != 0 && sc.aloneUnconfirmed(tag) {
 		return fmt.Errorf("%w: broker closed the channel: %s (%d)", err, e.Reason, e.Code)
@@ -329,7 +354,7 @@ func (p *Publisher) connectionLocked() (*amqp.Connection, uint64, error) {
 		Dial:       amqp.DefaultDial(p.cfg.DialTimeout),
 	})
 	if err != nil {
-		p.lastErr = fmt.Errorf("connect to %s: %w", brokerio.Redact(p.cfg.URL), err)
+		p.lastErr = markAccessDenied(fmt.Errorf("connect to %s: %w", brokerio.Redact(p.cfg.URL), err))
 		return nil, 0, p.lastErr
 	}
 	if p.conn != nil {
@@ -383,7 +408,7 @@ func (p *Publisher) channel(ctx context.Context) (*sharedChannel, error) {
 }
 
 // declare makes sure the topic's exchange exists, and the queues of the consumer groups declared
-// for it (ConsumerGroups), once per connection. It uses a channel of its own, so that a refused
+// for it (Consumers), once per connection. It uses a channel of its own, so that a refused
 // declaration (the exchange exists with another type) closes that channel only, and is reported as
 // a message error: the topic is misconfigured, the broker is fine.
 func (p *Publisher) declare(ctx context.Context, exchange string) error {
@@ -406,7 +431,7 @@ func (p *Publisher) declare(ctx context.Context, exchange string) error {
 		if err := ch.ExchangeDeclare(exchange, "fanout", true, false, false, false, nil); err != nil {
 			return err
 		}
-		for _, group := range brokerio.GroupsOf(p.cfg.ConsumerGroups, exchange) {
+		for _, group := range brokerio.ConsumersOf(p.cfg.Consumers, exchange) {
 			if _, err := declareGroupQueue(ch, exchange, group, p.cfg.QuorumQueues); err != nil {
 				return err
 			}
@@ -457,6 +482,18 @@ func (p *Publisher) dropConnection(gen uint64) {
 	}
 }
 
+// Check connects when there is no connection yet: an error says the broker is unreachable, or
+// refuses the credentials or the virtual host (outboxkit.IsAccessDenied).
+func (p *Publisher) Check(ctx context.Context) error {
+	if _, _, err := p.connection(); err != nil {
+		if outboxkit.IsAccessDenied(err) {
+			return err
+		}
+		return outboxkit.Unreachable(err)
+	}
+	return nil
+}
+
 // Close closes the connection. Publishes in progress fail as unreachable.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
@@ -498,7 +535,7 @@ func declareGroupQueue(ch *amqp.Channel, topic, group string, quorum bool) (stri
 }
 
 func open(ctx context.Context, rawURL string, opts backends.Options) (backends.Parts, error) {
-	pub, err := NewPublisher(PublisherConfig{URL: rawURL, Logger: opts.Logger, ConsumerGroups: opts.ConsumerGroups,
+	pub, err := NewPublisher(PublisherConfig{URL: rawURL, Logger: opts.Logger, Consumers: opts.Consumers,
 		QuorumQueues: opts.QuorumQueues, ContentType: opts.ContentType, CloudEvents: opts.CloudEvents,
 		CloudEventsSource: opts.CloudEventsSource})
 	if err != nil {
@@ -509,12 +546,12 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 		Publisher: pub,
 		Lag:       lag.read,
 		NewSubscriber: func(group string) (backends.Subscriber, error) {
-			sub, err := NewSubscriber(SubscriberConfig{URL: rawURL, ConsumerGroup: group, Prefetch: opts.Prefetch, Unacked: opts.Unacked,
+			sub, err := NewSubscriber(SubscriberConfig{URL: rawURL, Consumer: group, Prefetch: opts.Prefetch, Unacked: opts.Unacked,
 				QuorumQueues: opts.QuorumQueues, Logger: opts.Logger})
 			if err != nil {
 				return nil, err
 			}
-			return brokerio.NewRetryingSubscriber(sub, outboxkit.Unreachable, opts.Logger), nil
+			return brokerio.NewRetryingSubscriber(sub, group, outboxkit.Unreachable, opts.Logger), nil
 		},
 		Close: []func() error{pub.Close, lag.close},
 	}, nil

@@ -14,15 +14,21 @@ import (
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
+	"github.com/outboxkit/outboxkit/internal/logs"
 )
 
-// SubscriberConfig configures a consumer group on RabbitMQ.
+// SubscriberConfig configures a consumer on RabbitMQ.
 type SubscriberConfig struct {
 	// URL is the broker. Required.
 	URL string
-	// ConsumerGroup names the consumer (Shipping, Billing…). Each group has its own durable queue,
-	// named "<topic>_<group>", bound to the topic's exchange, so every group gets every message.
+	// Consumer names the consuming service (Shipping, Billing…), as the middleware stack's
+	// StackConfig.Consumer does. Each consumer has its own durable queue, named
+	// "<topic>_<consumer>", bound to the topic's exchange, so every consumer gets every message.
 	// Required.
+	Consumer string
+	// ConsumerGroup is the former name of Consumer.
+	//
+	// Deprecated: use Consumer; read only when Consumer is empty.
 	ConsumerGroup string
 	// Prefetch is how many unacknowledged messages the broker hands over at once. Default 16.
 	Prefetch int
@@ -41,7 +47,7 @@ type SubscriberConfig struct {
 	DialTimeout time.Duration
 	// Heartbeat is the AMQP heartbeat interval, which detects a dead connection. Default 10s.
 	Heartbeat time.Duration
-	// Logger receives connection events. Default: none.
+	// Logger receives connection events. Default: slog.Default(), WARN and above.
 	Logger watermill.LoggerAdapter
 }
 
@@ -63,8 +69,11 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	if _, err := amqp.ParseURI(cfg.URL); err != nil {
 		return nil, fmt.Errorf("amqp subscriber: URL %q: %w (want amqp://user:pass@host:5672/vhost)", brokerio.Redact(cfg.URL), err)
 	}
-	if cfg.ConsumerGroup == "" {
-		return nil, errors.New("amqp subscriber: ConsumerGroup is required: name the consuming service (e.g. \"shipping\")")
+	if cfg.Consumer == "" {
+		cfg.Consumer = cfg.ConsumerGroup
+	}
+	if cfg.Consumer == "" {
+		return nil, errors.New("amqp subscriber: Consumer is required: name the consuming service (e.g. \"shipping\")")
 	}
 	if cfg.Prefetch == 0 {
 		cfg.Prefetch = 16
@@ -83,7 +92,7 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 		cfg.Heartbeat = 10 * time.Second
 	}
 	if cfg.Logger == nil {
-		cfg.Logger = watermill.NopLogger{}
+		cfg.Logger = logs.Default()
 	}
 	if cfg.Prefetch < 0 || cfg.Unacked < 0 || cfg.DialTimeout < 0 || cfg.Heartbeat < 0 {
 		return nil, errors.New("amqp subscriber: Prefetch, Unacked, DialTimeout and Heartbeat must not be negative")
@@ -122,11 +131,11 @@ func (s *Subscriber) connection() (*amqp.Connection, error) {
 	}
 	conn, err := amqp.DialConfig(s.cfg.URL, amqp.Config{
 		Heartbeat:  s.cfg.Heartbeat,
-		Properties: amqp.Table{"connection_name": "outboxkit-" + s.cfg.ConsumerGroup},
+		Properties: amqp.Table{"connection_name": "outboxkit-" + s.cfg.Consumer},
 		Dial:       amqp.DefaultDial(s.cfg.DialTimeout),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", brokerio.Redact(s.cfg.URL), err)
+		return nil, markAccessDenied(fmt.Errorf("connect to %s: %w", brokerio.Redact(s.cfg.URL), err))
 	}
 	s.conn = conn
 	return conn, nil
@@ -137,11 +146,14 @@ func (s *Subscriber) declare(ch *amqp.Channel, topic string) (string, error) {
 	if err := ch.ExchangeDeclare(topic, "fanout", true, false, false, false, nil); err != nil {
 		return "", fmt.Errorf("declare exchange %s: %w", topic, err)
 	}
-	return declareGroupQueue(ch, topic, s.cfg.ConsumerGroup, s.cfg.QuorumQueues)
+	return declareGroupQueue(ch, topic, s.cfg.Consumer, s.cfg.QuorumQueues)
 }
 
 // SubscribeInitialize declares the topic's exchange and the group's queue, so that messages
 // published before the first Subscribe are kept for the group.
+// Consumer names the consumer the subscriber reads for.
+func (s *Subscriber) Consumer() string { return s.cfg.Consumer }
+
 func (s *Subscriber) SubscribeInitialize(topic string) error {
 	conn, err := s.connection()
 	if err != nil {
@@ -194,7 +206,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	ch, deliveries, err := s.consume(topic)
 	if err != nil {
 		s.wg.Done()
-		return nil, fmt.Errorf("amqp subscriber %s on %s: %w", s.cfg.ConsumerGroup, topic, err)
+		return nil, fmt.Errorf("amqp subscriber %s on %s: %w", s.cfg.Consumer, topic, err)
 	}
 	// With Unacked > 1 the channel holds what is handed out and not yet taken, so a consumer
 	// busy with a batch finds the next one waiting.
@@ -203,7 +215,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	go func() {
 		defer s.wg.Done()
 		defer close(out)
-		fields := watermill.LogFields{"topic": topic, "consumer_group": s.cfg.ConsumerGroup}
+		fields := watermill.LogFields{"topic": topic, "consumer": s.cfg.Consumer}
 		for {
 			s.forward(ctx, deliveries, out, window, fields)
 			_ = ch.Close()
@@ -264,7 +276,7 @@ func (s *Subscriber) handOut(ctx context.Context, d amqp.Delivery, out chan<- *m
 		return true
 	}
 	mctx, cancel := context.WithCancel(ctx)
-	msg.SetContext(outboxkit.WithRedelivered(mctx, d.Redelivered))
+	msg.SetContext(outboxkit.WithConsumer(outboxkit.WithRedelivered(mctx, d.Redelivered), s.cfg.Consumer))
 	select {
 	case out <- msg:
 	case <-ctx.Done():
@@ -323,7 +335,7 @@ func (s *Subscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<- *m
 	}
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	msg.SetContext(outboxkit.WithRedelivered(mctx, d.Redelivered))
+	msg.SetContext(outboxkit.WithConsumer(outboxkit.WithRedelivered(mctx, d.Redelivered), s.cfg.Consumer))
 	select {
 	case out <- msg:
 	case <-ctx.Done():

@@ -80,7 +80,7 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 			if err != nil {
 				return nil, err
 			}
-			return brokerio.NewRetryingSubscriber(sub, classifyKafka, opts.Logger), nil
+			return brokerio.NewRetryingSubscriber(sub, group, classifyKafka, opts.Logger), nil
 		},
 		Close: []func() error{bounded.Close, klag.close},
 	}, nil
@@ -158,9 +158,12 @@ func classifyKafka(err error) error {
 	var kerr sarama.KError
 	if errors.As(err, &kerr) {
 		switch kerr {
+		case sarama.ErrSASLAuthenticationFailed, sarama.ErrTopicAuthorizationFailed, sarama.ErrClusterAuthorizationFailed,
+			sarama.ErrGroupAuthorizationFailed, sarama.ErrTransactionalIDAuthorizationFailed:
+			return outboxkit.AccessDenied(err)
 		case sarama.ErrMessageSizeTooLarge, sarama.ErrInvalidMessage, sarama.ErrInvalidMessageSize,
-			sarama.ErrInvalidTopic, sarama.ErrTopicAuthorizationFailed, sarama.ErrInvalidRecord:
-			return err // the message or its topic is refused
+			sarama.ErrInvalidTopic, sarama.ErrInvalidRecord:
+			return outboxkit.Permanent(err) // the message or its topic is refused, and always will be
 		}
 		return outboxkit.Unreachable(err) // leaders moving, replicas behind, timeouts: try later
 	}

@@ -26,8 +26,9 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 	bus := gochannel.NewGoChannel(gochannel.Config{Persistent: true, OutputChannelBuffer: 1024}, opts.Logger)
 	return backends.Parts{
 		Publisher: brokerio.MetadataFormat{Publisher: bus, Wire: brokerio.NewWire(opts)},
-		NewSubscriber: func(string) (backends.Subscriber, error) {
-			s := &memorySubscriber{bus: bus}
+		NewSubscriber: func(group string) (backends.Subscriber, error) {
+			s := &memorySubscriber{bus: bus, consumer: group}
+			s.outlets.Consumer = group
 			s.outlets.Transform = func(msg *message.Message) {
 				brokerio.AdoptForeign(msg, brokerio.MetadataAttrs(msg.Metadata, brokerio.CEPrefixOther, ""))
 			}
@@ -40,11 +41,12 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 // memorySubscriber is one consumer's view of the shared bus: closing it ends its own
 // subscriptions, while the bus lives on until the backend is closed.
 type memorySubscriber struct {
-	bus     *gochannel.GoChannel
-	mu      sync.Mutex
-	cancels []context.CancelFunc
-	closed  bool
-	outlets brokerio.Outlets // GoChannel closes a cancelled subscription's channel later, in a goroutine of its own
+	bus      *gochannel.GoChannel
+	consumer string
+	mu       sync.Mutex
+	cancels  []context.CancelFunc
+	closed   bool
+	outlets  brokerio.Outlets // GoChannel closes a cancelled subscription's channel later, in a goroutine of its own
 }
 
 func (s *memorySubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
@@ -61,6 +63,9 @@ func (s *memorySubscriber) Subscribe(ctx context.Context, topic string) (<-chan 
 	}
 	return s.outlets.Outlet(ctx, in), nil
 }
+
+// Consumer names the consumer the subscriber reads for.
+func (s *memorySubscriber) Consumer() string { return s.consumer }
 
 // SubscribeInitialize does nothing: the bus is persistent, a later subscription gets what was
 // published before it.

@@ -80,7 +80,7 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 			}
 			sub := &natsSubscriber{conn: conn, js: js, group: group, streamConfig: streamConfig, ackWait: opts.AckWait,
 				batch: opts.Prefetch, logger: opts.Logger, closing: make(chan struct{})}
-			return brokerio.NewRetryingSubscriber(sub, classifyNATS, opts.Logger), nil
+			return brokerio.NewRetryingSubscriber(sub, group, classifyNATS, opts.Logger), nil
 		},
 		Close: []func() error{pub.Close, lag.close},
 	}, nil
@@ -419,6 +419,11 @@ func (p *natsPublisher) Publish(topic string, msgs ...*message.Message) error {
 				nm.Header.Set(brokerio.CEPrefixNATS+name, v)
 			}
 		}
+		if nc := js.Conn(); !nc.IsConnected() {
+			// Waiting for the reconnect would hold the relay's pass for its whole deadline with its
+			// circuit still closed; failing now opens it, and the relay probes.
+			return outboxkit.Unreachable(fmt.Errorf("publish %s to %s: not connected to NATS (%v): %w", m.UUID, topic, nc.Status(), nats.ErrDisconnected))
+		}
 		ack, err := js.PublishMsg(m.Context(), nm)
 		if err != nil {
 			return classifyNATS(fmt.Errorf("publish %s to %s: %w", m.UUID, topic, err))
@@ -427,6 +432,33 @@ func (p *natsPublisher) Publish(topic string, msgs ...*message.Message) error {
 			// A relay's re-publish that JetStream drops is fine (the stream has the message); a
 			// replay it drops would be a replay that silently did nothing.
 			return fmt.Errorf("publish %s to %s: JetStream dropped the replay as a duplicate of id %s", m.UUID, topic, outboxkit.BrokerDedupID(m))
+		}
+	}
+	return nil
+}
+
+// Check connects, and waits (until ctx ends) for the connection to be made or refused: an error
+// says the server is unreachable, or refuses the credentials (outboxkit.IsAccessDenied).
+func (p *natsPublisher) Check(ctx context.Context) error {
+	js, err := p.jetStream()
+	if err != nil {
+		return err
+	}
+	nc := js.Conn()
+	for !nc.IsConnected() {
+		if last := nc.LastError(); last != nil {
+			if err := classifyNATS(last); outboxkit.IsAccessDenied(err) {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			last := nc.LastError()
+			if last == nil {
+				last = nats.ErrNoServers
+			}
+			return classifyNATS(outboxkit.Unreachable(fmt.Errorf("not connected to NATS (%v): %w", nc.Status(), last)))
+		case <-time.After(20 * time.Millisecond):
 		}
 	}
 	return nil
@@ -444,6 +476,15 @@ func (p *natsPublisher) Close() error {
 }
 
 func classifyNATS(err error) error {
+	if errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) || errors.Is(err, nats.ErrInvalidMsg) {
+		return outboxkit.Permanent(err) // the server will never take this message
+	}
+	for _, t := range []error{nats.ErrAuthorization, nats.ErrAuthExpired, nats.ErrAuthRevoked, nats.ErrAccountAuthExpired,
+		nats.ErrPermissionViolation} {
+		if errors.Is(err, t) {
+			return outboxkit.AccessDenied(err)
+		}
+	}
 	for _, t := range []error{nats.ErrConnectionClosed, nats.ErrNoServers, nats.ErrTimeout, nats.ErrConnectionDraining,
 		nats.ErrDisconnected, nats.ErrNoResponders, jetstream.ErrNoStreamResponse, context.DeadlineExceeded} {
 		if errors.Is(err, t) {

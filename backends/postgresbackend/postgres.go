@@ -58,7 +58,7 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 		return backends.Parts{}, err
 	}
 	return backends.Parts{
-		Publisher: brokerio.ClassifyingPublisher{Publisher: brokerio.MetadataFormat{Publisher: pub, Wire: brokerio.NewWire(opts)}, Classify: classifyPostgres},
+		Publisher: brokerio.ClassifyingPublisher{Publisher: brokerio.MetadataFormat{Publisher: pub, Wire: brokerio.NewWire(opts)}, Classify: classifyPostgres, Ping: pool.Ping},
 		Lag:       postgresTopicLag(pool, adapter, offsets),
 		NewSubscriber: func(group string) (backends.Subscriber, error) {
 			sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
@@ -71,7 +71,7 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 			// The retrying subscriber's brokerio.Outlets also make Close wait for every channel: v4.1.5's
 			// Close waits for its consume loops, but each loop signals done before its goroutine
 			// closes the channel, so Close could return with the channel still open.
-			return brokerio.NewRetryingSubscriber(sub, classifyPostgres, opts.Logger).ReadingForeign(), nil
+			return brokerio.NewRetryingSubscriber(sub, group, classifyPostgres, opts.Logger).ReadingForeign(), nil
 		},
 		Close: []func() error{pub.Close, func() error { pool.Close(); return nil }},
 	}, nil
@@ -155,6 +155,9 @@ func pgTable(prefix, topic string) string {
 }
 
 func classifyPostgres(err error) error {
+	if pgerr.AccessDenied(err) {
+		return outboxkit.AccessDenied(err)
+	}
 	if outboxkit.IsUnreachable(err) || pgerr.IsUnreachable(err) {
 		return outboxkit.Unreachable(err)
 	}

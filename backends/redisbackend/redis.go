@@ -36,8 +36,9 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 		return backends.Parts{}, err
 	}
 	return backends.Parts{
-		Publisher: brokerio.ClassifyingPublisher{Publisher: pub, Classify: classifyRedis},
-		Lag:       redisLag(client),
+		Publisher: brokerio.ClassifyingPublisher{Publisher: pub, Classify: classifyRedis,
+			Ping: func(ctx context.Context) error { return client.Ping(ctx).Err() }},
+		Lag: redisLag(client),
 		NewSubscriber: func(group string) (backends.Subscriber, error) {
 			client := redis.NewClient(ropts)
 			sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
@@ -51,13 +52,18 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 				_ = client.Close()
 				return nil, err
 			}
-			return brokerio.NewRetryingSubscriber(redisSubscriber{Subscriber: sub, client: client, group: group}, classifyRedis, opts.Logger), nil
+			return brokerio.NewRetryingSubscriber(redisSubscriber{Subscriber: sub, client: client, group: group}, group, classifyRedis, opts.Logger), nil
 		},
 		Close: []func() error{pub.Close, client.Close},
 	}, nil
 }
 
 func classifyRedis(err error) error {
+	if err != nil {
+		if msg := err.Error(); strings.Contains(msg, "NOAUTH") || strings.Contains(msg, "WRONGPASS") || strings.Contains(msg, "NOPERM") {
+			return outboxkit.AccessDenied(err)
+		}
+	}
 	if errors.Is(err, redis.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout) || outboxkit.IsUnreachable(err) {
 		return outboxkit.Unreachable(err)
 	}

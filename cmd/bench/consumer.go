@@ -178,9 +178,9 @@ func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind
 		case "stock":
 			sub, err = wamqp.NewSubscriber(wamqp.NewDurablePubSubConfig(c.brokerURL, wamqp.GenerateQueueNameTopicNameWithSuffix(group)), watermill.NopLogger{})
 		case "batched", "plain-batched":
-			sub, err = amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, ConsumerGroup: group, Unacked: consumerBatch})
+			sub, err = amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, Consumer: group, Unacked: consumerBatch})
 		default:
-			sub, err = amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, ConsumerGroup: group})
+			sub, err = amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, Consumer: group})
 		}
 		if err != nil {
 			return 0, err

@@ -265,7 +265,7 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 			return nil
 		})
 	} else if impl.batched {
-		sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, ConsumerGroup: group, Unacked: consumerBatch})
+		sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, Consumer: group, Unacked: consumerBatch})
 		if err != nil {
 			return e2eResult{}, err
 		}
@@ -285,7 +285,7 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 		}
 	} else {
 		for _, t := range topics {
-			sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, ConsumerGroup: group})
+			sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, Consumer: group})
 			if err != nil {
 				return e2eResult{}, err
 			}

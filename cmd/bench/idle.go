@@ -62,7 +62,7 @@ func benchIdle(ctx context.Context, c config) ([]series, error) {
 	if err != nil {
 		return nil, err
 	}
-	sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, ConsumerGroup: group, Unacked: consumerBatch})
+	sub, err := amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, Consumer: group, Unacked: consumerBatch})
 	if err != nil {
 		return nil, err
 	}

@@ -27,7 +27,12 @@ type InvalidError struct {
 	Index  int    // position of the message in the Publish call
 	UUID   string // the message's UUID, possibly empty
 	Reason string
+	// Err is the sentinel the error wraps, if any (store.ErrDuplicateUUID for a UUID repeated
+	// within the call).
+	Err error
 }
+
+func (e *InvalidError) Unwrap() error { return e.Err }
 
 func (e *InvalidError) Error() string {
 	return fmt.Sprintf("outbox publish: message %d (uuid %q): %s", e.Index, e.UUID, e.Reason)
@@ -39,10 +44,21 @@ func Rows(topic string, msgs []*message.Message) ([]store.OutboxMessage, error) 
 		return nil, err
 	}
 	out := make([]store.OutboxMessage, len(msgs))
+	var seen map[string]int // only for calls of several messages
 	for i, msg := range msgs {
 		row, err := toRow(i, topic, msg)
 		if err != nil {
 			return nil, err
+		}
+		if len(msgs) > 1 {
+			if seen == nil {
+				seen = make(map[string]int, len(msgs))
+			}
+			if first, dup := seen[row.UUID]; dup {
+				return nil, &InvalidError{Index: i, UUID: row.UUID, Err: store.ErrDuplicateUUID,
+					Reason: fmt.Sprintf("the same UUID as message %d of this call: every message needs its own UUID", first)}
+			}
+			seen[row.UUID] = i
 		}
 		out[i] = row
 	}

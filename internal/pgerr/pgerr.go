@@ -59,12 +59,20 @@ func constraintOf(err error) string {
 	return ""
 }
 
+// AccessDenied reports whether the server refused the credentials or the permissions of the
+// session: SQLSTATE class 28 (invalid authorization: a wrong password, no such role, pg_hba
+// refusing it) or 42501 (insufficient privilege).
+func AccessDenied(err error) bool {
+	code, _ := Code(err)
+	return strings.HasPrefix(code, "28") || code == "42501"
+}
+
 // Unreachable reports whether err means the database could not be reached, or dropped the
 // session, rather than that it refused the statement: a failed connect, a connection lost or
 // reset, the server shutting down, starting up or out of connection slots (SQLSTATE class 08,
 // 57P01-57P03, 53300). Work that failed so is expected to succeed once the database is back.
 func IsUnreachable(err error) bool {
-	if err == nil {
+	if err == nil || AccessDenied(err) {
 		return false
 	}
 	var connectErr *pgconn.ConnectError

@@ -173,12 +173,27 @@ func duplicateUUID[TTx any](t *testing.T, h Harness[TTx]) {
 	if err := publishIn(e, nil, "orders", msg); !errors.Is(err, pipeline.ErrDuplicateUUID) {
 		t.Fatalf("got %v, want ErrDuplicateUUID", err)
 	}
+	// Repeated within one call: said so, not "already in the outbox", and nothing written.
+	twice := pipeline.NewEvent("E", "k", nil)
+	err := publishIn(e, nil, "orders", twice, pipeline.NewEvent("E", "k", nil), twice)
+	var invalid *pipeline.InvalidMessageError
+	if !errors.Is(err, pipeline.ErrDuplicateUUID) || !errors.As(err, &invalid) || invalid.Index != 2 ||
+		!strings.Contains(err.Error(), "the same UUID as message 0 of this call") {
+		t.Fatalf("a UUID twice in one call: got %v, want an InvalidMessageError for message 2 wrapping ErrDuplicateUUID", err)
+	}
+	if n := e.MustInt(t, `SELECT count(*) FROM {{schema}}.outbox WHERE uuid = ?`, twice.UUID); n != 0 {
+		t.Fatalf("%d rows written by the refused call", n)
+	}
 }
 
 func finishedTransaction[TTx any](t *testing.T, h Harness[TTx]) {
 	t.Parallel()
 	e := migrated(t, h)
 	ctx := context.Background()
+	var none TTx
+	if _, err := pipeline.NewPublisher(e.Store, none, pipeline.PublisherConfig{}); err == nil || !strings.Contains(err.Error(), "tx is a nil") {
+		t.Errorf("NewPublisher with a nil transaction: %v, want it refused", err)
+	}
 	for _, finish := range []string{"rollback", "commit"} {
 		tx, err := e.Begin(ctx)
 		if err != nil {

@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxkit/outboxkit"
 )
 
 // Outlets hands each subscription out through a channel of its own, so that a subscriber's Close
@@ -12,8 +14,10 @@ import (
 // which a router draining its channels after Close relies. Messages pass one by one, unbuffered:
 // acks and nacks reach the library's own message unchanged. The zero value is ready to use.
 type Outlets struct {
-	// transform, when set, is applied to each message before it is handed out.
+	// Transform, when set, is applied to each message before it is handed out.
 	Transform func(*message.Message)
+	// Consumer, when set, is stamped on each message's context (outboxkit.WithConsumer).
+	Consumer string
 
 	once, closeOnce sync.Once
 	closing         chan struct{}
@@ -55,6 +59,9 @@ func (r *Outlets) OutletLater(ctx context.Context, pending <-chan (<-chan *messa
 		for msg := range in {
 			if r.Transform != nil {
 				r.Transform(msg)
+			}
+			if r.Consumer != "" {
+				msg.SetContext(outboxkit.WithConsumer(msg.Context(), r.Consumer))
 			}
 			select {
 			case out <- msg:

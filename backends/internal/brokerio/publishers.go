@@ -15,10 +15,10 @@ import (
 	"github.com/outboxkit/outboxkit"
 )
 
-// GroupsOf returns the consumer groups declared for topic, those of "*" included.
-func GroupsOf(consumerGroups map[string][]string, topic string) []string {
-	groups := append([]string(nil), consumerGroups["*"]...)
-	for _, g := range consumerGroups[topic] {
+// ConsumersOf returns the consumers declared for topic, those of "*" included.
+func ConsumersOf(consumers map[string][]string, topic string) []string {
+	groups := append([]string(nil), consumers["*"]...)
+	for _, g := range consumers[topic] {
 		if !slices.Contains(groups, g) {
 			groups = append(groups, g)
 		}
@@ -26,10 +26,37 @@ func GroupsOf(consumerGroups map[string][]string, topic string) []string {
 	return groups
 }
 
+// Checker is a publisher that can tell, before it publishes, whether the broker answers and accepts
+// its credentials (the forwarder calls it at start).
+type Checker interface {
+	Check(ctx context.Context) error
+}
+
+// check runs inner's Check when it has one, with errors classified.
+func check(ctx context.Context, inner any, classify func(error) error) error {
+	if c, ok := inner.(Checker); ok {
+		if err := c.Check(ctx); err != nil {
+			return classify(err)
+		}
+	}
+	return nil
+}
+
 // ClassifyingPublisher marks a publisher's errors as unreachable or message errors at the seam.
 type ClassifyingPublisher struct {
 	message.Publisher
 	Classify func(error) error
+	// Ping, when set, is Check: it asks the broker whether it answers and accepts the client.
+	Ping func(ctx context.Context) error
+}
+
+// Check asks the broker (Ping, or the inner publisher's Check) whether it answers and accepts the
+// client.
+func (p ClassifyingPublisher) Check(ctx context.Context) error {
+	if p.Ping != nil {
+		return p.Classify(p.Ping(ctx))
+	}
+	return check(ctx, p.Publisher, p.Classify)
 }
 
 func (p ClassifyingPublisher) Publish(topic string, msgs ...*message.Message) error {
@@ -78,6 +105,11 @@ func (p *BoundedPublisher) Publish(topic string, msgs ...*message.Message) error
 	}
 }
 
+// Check is the inner publisher's Check, classified.
+func (p *BoundedPublisher) Check(ctx context.Context) error {
+	return check(ctx, p.Publisher, p.Classify)
+}
+
 func (p *BoundedPublisher) Close() error {
 	err := p.Publisher.Close()
 	p.wg.Wait()
@@ -115,6 +147,15 @@ func (p *LazyPublisher) Publish(topic string, msgs ...*message.Message) error {
 		return err
 	}
 	return inner.Publish(topic, msgs...)
+}
+
+// Check makes the publisher when it is not made yet (which dials, for the clients this wraps).
+func (p *LazyPublisher) Check(ctx context.Context) error {
+	inner, err := p.get()
+	if err != nil {
+		return err
+	}
+	return check(ctx, inner, func(err error) error { return err })
 }
 
 func (p *LazyPublisher) Close() error {

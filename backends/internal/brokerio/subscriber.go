@@ -10,7 +10,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxkit/outboxkit"
-	"github.com/outboxkit/outboxkit/backends"
+	"github.com/outboxkit/outboxkit/internal/logs"
 )
 
 // subscribeRetry paces the attempts of a first Subscribe while the broker cannot be reached.
@@ -23,21 +23,32 @@ var subscribeRetry = outboxkit.Backoff{Initial: 200 * time.Millisecond, Max: 5 *
 // the subscription is made or its context ends — as a lost connection is already resumed later.
 // A router therefore keeps running through a broker outage at start.
 type RetryingSubscriber struct {
-	inner    backends.Subscriber
+	inner    Inner
+	consumer string
 	classify func(error) error // marks unreachable errors
 	logger   watermill.LoggerAdapter
 	outlets  Outlets
 	wg       sync.WaitGroup
 }
 
-func NewRetryingSubscriber(inner backends.Subscriber, classify func(error) error, logger watermill.LoggerAdapter) *RetryingSubscriber {
+// Inner is what a broker library's subscriber offers.
+type Inner interface {
+	message.Subscriber
+	message.SubscribeInitializer
+}
+
+// NewRetryingSubscriber wraps a library's subscriber for consumer; classify marks the errors that
+// mean the broker could not be reached.
+func NewRetryingSubscriber(inner Inner, consumer string, classify func(error) error, logger watermill.LoggerAdapter) *RetryingSubscriber {
 	if classify == nil {
 		classify = func(err error) error { return err }
 	}
 	if logger == nil {
-		logger = watermill.NopLogger{}
+		logger = logs.Default()
 	}
-	return &RetryingSubscriber{inner: inner, classify: classify, logger: logger}
+	s := &RetryingSubscriber{inner: inner, consumer: consumer, classify: classify, logger: logger}
+	s.outlets.Consumer = consumer
+	return s
 }
 
 // ReadingForeign makes the subscriber complete messages other producers wrote from their ce_*
@@ -89,6 +100,9 @@ func (s *RetryingSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 	}()
 	return s.outlets.OutletLater(ctx, pending), nil
 }
+
+// Consumer names the consumer the subscriber reads for.
+func (s *RetryingSubscriber) Consumer() string { return s.consumer }
 
 func (s *RetryingSubscriber) SubscribeInitialize(topic string) error {
 	return s.inner.SubscribeInitialize(topic)

@@ -259,6 +259,8 @@ func (d *Dialect) Classify(err error) error {
 			if strings.Contains(me.Message, "outbox_uuid_key") {
 				return fmt.Errorf("%w (%v)", store.ErrDuplicateUUID, err)
 			}
+		case 1045, 1044, 1142, 1143, 1227, 1698: // access denied: user, database, table, column, privilege, auth plugin
+			return outboxkit.AccessDenied(err)
 		case 1146, 1049: // ER_NO_SUCH_TABLE, ER_BAD_DB_ERROR
 			return fmt.Errorf("database %s: %w (%v)", d.database, store.ErrNotMigrated, err)
 		case 1040, 1053, 1077, 1152, 1153, 1158, 1159, 1160, 1161, 2002, 2003, 2006, 2013, 1927:
@@ -271,6 +273,12 @@ func (d *Dialect) Classify(err error) error {
 		return outboxkit.Unreachable(err)
 	}
 	return err
+}
+
+func (d *Dialect) SchemaVersion(ctx context.Context, db dbexec.DB) (current, newest int, err error) {
+	migrations := sqlstore.ParseMigrations(files, "migrations")
+	err = db.QueryRow(ctx, d.render("SELECT COALESCE(MAX(version), 0) FROM {{schema}}.schema_migrations")).Scan(&current)
+	return current, migrations[len(migrations)-1].Version, err
 }
 
 // Migrate brings outboxkit's tables to the newest version. DDL commits by itself in MySQL, so a

@@ -343,6 +343,11 @@ func (d *Dialect) Waker() store.Waker {
 	return &listener{channel: d.schema.NotifyChannel(), connect: d.cfg.ListenConnect, retry: d.cfg.ListenRetry}
 }
 
+func (d *Dialect) SchemaVersion(ctx context.Context, db dbexec.DB) (current, newest int, err error) {
+	err = db.QueryRow(ctx, fmt.Sprintf(`SELECT coalesce(max(version), 0) FROM %s.schema_migrations`, d.schema.Ident())).Scan(&current)
+	return current, Newest(), err
+}
+
 func (d *Dialect) Migrate(ctx context.Context, db dbexec.DB) (store.MigrateResult, error) {
 	return Migrate(ctx, db, d.schema)
 }
@@ -362,6 +367,9 @@ func (d *Dialect) Classify(err error) error {
 		return fmt.Errorf("%w (%v)", store.ErrDuplicateUUID, err)
 	case code == pgerr.UndefinedTable:
 		return fmt.Errorf("schema %s: %w (%v)", d.schema, store.ErrNotMigrated, err)
+	}
+	if pgerr.AccessDenied(err) {
+		return outboxkit.AccessDenied(err)
 	}
 	if pgerr.IsUnreachable(err) {
 		return outboxkit.Unreachable(err)

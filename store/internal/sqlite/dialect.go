@@ -278,6 +278,12 @@ func (d *Dialect) Waker() store.Waker { return d.wake }
 
 // Migrate applies each migration in a transaction of its own with its version row; SQLite's single
 // writer serializes processes migrating at once.
+func (d *Dialect) SchemaVersion(ctx context.Context, db dbexec.DB) (current, newest int, err error) {
+	migrations := sqlstore.ParseMigrations(files, "migrations")
+	err = db.QueryRow(ctx, "SELECT COALESCE(MAX(version), 0) FROM main.schema_migrations").Scan(&current)
+	return current, migrations[len(migrations)-1].Version, err
+}
+
 func (d *Dialect) Migrate(ctx context.Context, db dbexec.DB) (store.MigrateResult, error) {
 	var res store.MigrateResult
 	err := inTx(ctx, db, func(tx dbexec.Tx) error {

@@ -42,6 +42,9 @@ type Dialect interface {
 	Waker() store.Waker
 	// Migrate brings the schema to the newest version.
 	Migrate(ctx context.Context, db dbexec.DB) (store.MigrateResult, error)
+	// SchemaVersion reads the version the tables are at (0 when outboxkit's tables do not exist)
+	// and the newest version this build knows.
+	SchemaVersion(ctx context.Context, db dbexec.DB) (current, newest int, err error)
 	// Classify translates a driver error once, at the seam: unreachable → outboxkit.Unreachable,
 	// a duplicate outbox UUID → store.ErrDuplicateUUID, a finished or aborted transaction, missing
 	// tables → store.ErrNotMigrated; others unchanged.

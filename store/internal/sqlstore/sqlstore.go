@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -44,6 +45,17 @@ func (s *Store) Info() store.Info { return s.d.Info() }
 func (s *Store) Migrate(ctx context.Context) (store.MigrateResult, error) {
 	res, err := s.d.Migrate(ctx, s.db)
 	return res, s.d.Classify(err)
+}
+
+func (s *Store) CheckSchema(ctx context.Context) error {
+	current, newest, err := s.d.SchemaVersion(ctx, s.db)
+	if err != nil {
+		if err = s.d.Classify(err); !errors.Is(err, store.ErrNotMigrated) {
+			return fmt.Errorf("read the schema version of %s: %w", s.d.Info().Schema, err)
+		}
+		current = 0
+	}
+	return store.CheckVersion(s.d.Info().Schema, current, newest)
 }
 
 func (s *Store) Claim(ctx context.Context, p store.ClaimParams) (store.Claim, error) {
