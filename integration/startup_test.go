@@ -22,7 +22,7 @@ func TestAMQP_LateConsumerGroupGetsWhatWasPublishedBeforeIt(t *testing.T) {
 	url := testenv.AMQPURL(t)
 	topic := testenv.UniqueName(t, "late") + ".placed"
 	dropWhenDone(t, "amqp", url, []string{topic}, []string{"shipping", "billing"})
-	b := openBackend(t, url, backends.Options{ConsumerGroups: map[string][]string{topic: {"shipping", "billing"}}})
+	b := openBackend(t, url, backends.Options{Consumers: map[string][]string{topic: {"shipping", "billing"}}})
 
 	shipping, err := b.NewSubscriber("shipping")
 	if err != nil {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/outboxkit/outboxkit"
 )
 
 // DB is a store opened by URL with Open, with the database/sql handle the application uses for its
@@ -163,6 +165,13 @@ func Finish(ctx context.Context, db *sql.DB, s Driver[*sql.Tx], err error, diale
 	}
 	if err := db.PingContext(ctx); err != nil {
 		_ = db.Close()
+		if c, ok := s.(interface{ Classify(error) error }); ok {
+			err = c.Classify(err)
+		}
+		if outboxkit.IsAccessDenied(err) {
+			return nil, fmt.Errorf("the database at %s refused the connection: %w (are the user and password right? may the user connect?)",
+				RedactURL(rawURL), err)
+		}
 		return nil, fmt.Errorf("cannot reach the database at %s: %w (is it running? is the URL right?)", RedactURL(rawURL), err)
 	}
 	if check != nil {

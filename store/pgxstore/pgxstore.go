@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/internal/dbexec/pgxexec"
 	"github.com/outboxkit/outboxkit/store/internal/pg"
@@ -93,14 +94,18 @@ func Open(ctx context.Context, rawURL string, cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgxstore: database URL %s: %w", store.RedactURL(rawURL), err)
 	}
-	if err := pool.Ping(ctx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("cannot reach the database at %s: %w (is it running? is the URL right?)", store.RedactURL(rawURL), err)
-	}
 	s, err := New(pool, cfg)
 	if err != nil {
 		pool.Close()
 		return nil, err
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		if err = s.Classify(err); outboxkit.IsAccessDenied(err) {
+			return nil, fmt.Errorf("the database at %s refused the connection: %w (are the user and password right? may the user connect?)",
+				store.RedactURL(rawURL), err)
+		}
+		return nil, fmt.Errorf("cannot reach the database at %s: %w (is it running? is the URL right?)", store.RedactURL(rawURL), err)
 	}
 	return s, nil
 }

@@ -217,6 +217,9 @@ func forwarderTests[TTx any]() []test[TTx] {
 		{"StuckKeyWithLongBacklogDoesNotStarveOthers", stuckKeyDoesNotStarve[TTx]},
 		{"RowHeldElsewhereHoldsBackTheRestOfItsKey", rowHeldElsewhere[TTx]},
 		{"DeadLetterListingAndFilters", deadLetterListing[TTx]},
+		{"PermanentFailureDeadLettersAtOnce", permanentFailureDeadLettersAtOnce[TTx]},
+		{"AccessDeniedHoldsAndRefusesToStart", accessDeniedHoldsAndRefusesToStart[TTx]},
+		{"RunRefusesUnmigratedTables", runRefusesUnmigratedTables[TTx]},
 	}
 }
 
@@ -840,5 +843,81 @@ func deadLetterListing[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 	if left, _ := e.Store.OutboxDeadLetters(ctx, store.DeadLetterFilter{}); len(left) != 1 || left[0].PartitionKey != "a" {
 		t.Fatalf("after replaying b, dead letters = %+v", left)
+	}
+}
+
+// A message the broker can never take (outboxkit.Permanent: too large, unroutable, a bad subject)
+// is dead-lettered on its first failure, not backed off for MaxAttempts; its key's later rows and
+// the other keys go on.
+func permanentFailureDeadLettersAtOnce[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := migrated(t, h)
+	msgs := write(t, e, []string{"a", "b"}, 3)
+	clk := newClock()
+	pub := newFakePublisher()
+	pub.setFail(func(m *message.Message, _ int) error {
+		if m.UUID == msgs[0].UUID {
+			return outboxkit.Permanent(errors.New("message too large for the broker"))
+		}
+		return nil
+	})
+	f := newForwarder(t, e.Store, pub, clk, func(c *forwarder.Config) { c.MaxAttempts = 10 })
+	res := dispatch(t, f)
+	if res.DeadLettered != 1 || res.Failed != 1 {
+		t.Fatalf("first pass = %+v, want the permanent failure dead-lettered at once", res)
+	}
+	drain(t, f, clk)
+	letters, err := e.Store.OutboxDeadLetters(context.Background(), store.DeadLetterFilter{MessageIDs: []string{msgs[0].UUID}})
+	if err != nil || len(letters) != 1 || letters[0].Attempts != 1 || !strings.Contains(letters[0].Reason, "too large") {
+		t.Fatalf("dead letter = %+v (%v); want one attempt and the reason", letters, err)
+	}
+	if got := len(pub.accepted()); got != len(msgs)-1 {
+		t.Fatalf("%d of the %d other rows published", got, len(msgs)-1)
+	}
+}
+
+// A broker that refuses the relay's credentials is no outage that ends by itself, but no fault of
+// the messages either: rows wait behind the open circuit with no attempt burned, Health says why,
+// and a Run with a publisher that can check refuses to start.
+func accessDeniedHoldsAndRefusesToStart[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := migrated(t, h)
+	write(t, e, []string{"a"}, 3)
+	clk := newClock()
+	pub := &checkingPublisher{fakePublisher: newFakePublisher()}
+	refused := outboxkit.AccessDenied(errors.New("403 ACCESS_REFUSED: username or password not allowed"))
+	pub.setFail(func(*message.Message, int) error { return outboxkit.Unreachable(refused) })
+	f := newForwarder(t, e.Store, pub, clk, func(c *forwarder.Config) { c.MaxAttempts = 1 })
+	if res := dispatch(t, f); res.UnreachableErr == nil || res.Failed != 0 || res.DeadLettered != 0 {
+		t.Fatalf("pass with refused credentials = %+v, want the rows held behind the circuit", res)
+	}
+	if hl := f.Health(); !hl.CircuitOpen || !outboxkit.IsAccessDenied(hl.Blocked) {
+		t.Fatalf("health = %+v, want the circuit open and the refusal said", hl)
+	}
+	if n := e.MustInt(t, `SELECT count(*) FROM {{schema}}.outbox WHERE attempts > 0 OR dead_lettered_at IS NOT NULL`); n != 0 {
+		t.Fatalf("%d rows had attempts burned by refused credentials", n)
+	}
+	pub.check = refused
+	err := newForwarder(t, e.Store, pub, clk).Run(context.Background())
+	if !outboxkit.IsAccessDenied(err) {
+		t.Fatalf("Run with a broker that refuses the relay: %v, want it to refuse to start", err)
+	}
+}
+
+// checkingPublisher is a fake publisher with a Check, as the backends' publishers have.
+type checkingPublisher struct {
+	*fakePublisher
+	check error
+}
+
+func (p *checkingPublisher) Check(context.Context) error { return p.check }
+
+// Run on tables never migrated refuses to start, naming the version to migrate to.
+func runRefusesUnmigratedTables[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := h.Open(t)
+	err := newForwarder(t, e.Store, newFakePublisher(), newClock()).Run(context.Background())
+	if !errors.Is(err, store.ErrNotMigrated) || !strings.Contains(err.Error(), "needs version") {
+		t.Fatalf("Run on unmigrated tables: %v, want ErrNotMigrated naming the version", err)
 	}
 }

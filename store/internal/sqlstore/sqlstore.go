@@ -42,6 +42,10 @@ func (s *Store) IsUnreachable(err error) bool {
 
 func (s *Store) Info() store.Info { return s.d.Info() }
 
+// Classify translates a driver error the way the store's own errors are: unreachable, access
+// denied, missing tables (see Dialect.Classify).
+func (s *Store) Classify(err error) error { return s.d.Classify(err) }
+
 func (s *Store) Migrate(ctx context.Context) (store.MigrateResult, error) {
 	res, err := s.d.Migrate(ctx, s.db)
 	return res, s.d.Classify(err)
