@@ -95,6 +95,18 @@ func TestBackends_ConsumerStartsWhileTheBrokerIsDown(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Subscribe hands out a channel at once, whatever the broker: a router's other handlers
+			// must not wait behind it. (Its context would never end: a blocking Subscribe shows as
+			// the whole minute.)
+			sctx, scancel := context.WithTimeout(context.Background(), time.Minute)
+			start := time.Now()
+			if _, err := sub.Subscribe(sctx, topic); err != nil {
+				t.Fatalf("Subscribe with the broker down: %v", err)
+			}
+			if took := time.Since(start); took > 15*time.Second {
+				t.Fatalf("Subscribe with the broker down took %s; want a channel at once", took)
+			}
+			scancel()
 			got := make(chan string, 10)
 			router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 10 * time.Second}, nil)
 			if err != nil {

@@ -120,6 +120,9 @@ type natsSubscriber struct {
 	wg      sync.WaitGroup
 }
 
+// natsSubscribeTimeout bounds the requests that make a subscription's stream and consumer.
+const natsSubscribeTimeout = 10 * time.Second
+
 // natsFetchWait bounds one fetch: an idle consumer asks again this often.
 const natsFetchWait = 30 * time.Second
 
@@ -167,9 +170,17 @@ func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 	if s.closed {
 		return nil, errors.New("nats subscriber is closed")
 	}
-	consumer, err := s.consumer(ctx, topic)
+	if !s.conn.IsConnected() {
+		// The JetStream requests below would wait for the reconnect until ctx ends (a router's
+		// never does): say the server is unreachable now, and the retrying subscriber hands out a
+		// channel at once and subscribes in the background.
+		return nil, outboxkit.Unreachable(fmt.Errorf("subscribe to %s: not connected to NATS (%v): %w", topic, s.conn.Status(), nats.ErrDisconnected))
+	}
+	cctx, cancel := context.WithTimeout(ctx, natsSubscribeTimeout)
+	consumer, err := s.consumer(cctx, topic)
+	cancel()
 	if err != nil {
-		return nil, err
+		return nil, classifyNATS(err)
 	}
 	out := make(chan *message.Message)
 	sctx, stop := context.WithCancel(ctx)
