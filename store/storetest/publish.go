@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -23,6 +24,7 @@ func publishTests[TTx any]() []test[TTx] {
 		{"StoresWhatTheForwarderNeeds", storesWhatTheForwarderNeeds[TTx]},
 		{"BadInputWritesNothing", badInputWritesNothing[TTx]},
 		{"DuplicateUUID", duplicateUUID[TTx]},
+		{"OneMessageIDAcrossOutboxAndInbox", oneMessageID[TTx]},
 		{"FinishedTransaction", finishedTransaction[TTx]},
 		{"WithoutMigrationSaysWhatToDo", withoutMigration[TTx]},
 	}
@@ -325,5 +327,35 @@ func runHelper(t *testing.T, spec string) {
 	}
 	for _, v := range res.Applied {
 		os.Stdout.WriteString("APPLIED " + string(rune('0'+v%10)) + "\n")
+	}
+}
+
+// The message id has one name and one type on both sides: the same join of the outbox on the inbox
+// and the dead letters runs on every database, canonical UUIDs and other ids alike.
+func oneMessageID[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := migrated(t, h)
+	ctx := context.Background()
+	canonical := pipeline.NewEvent("E", "k", nil)
+	other := message.NewMessage("order-42/placed", nil)
+	if err := publishIn(e, nil, "orders", canonical, other); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{canonical.UUID, other.UUID} {
+		itx, err := e.Store.Session().BeginInbox(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := itx.InsertInbox(ctx, "billing", id, time.Now()); err != nil {
+			t.Fatal(err)
+		}
+		if err := itx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := e.MustInt(t, `SELECT count(*) FROM {{schema}}.outbox_messages o JOIN {{schema}}.inbox i ON i.message_id = o.message_id
+		WHERE i.consumer = ?`, "billing")
+	if n != 2 {
+		t.Fatalf("the join of outbox_messages on the inbox by message_id found %d of 2 messages", n)
 	}
 }
