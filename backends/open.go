@@ -9,11 +9,13 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxkit/outboxkit/internal/logs"
+	"github.com/outboxkit/outboxkit/internal/urls"
 )
 
 // DefaultCloudEventsSource is the CloudEvents source attribute unless Options.CloudEventsSource
@@ -216,6 +218,13 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("broker URL %q has no scheme: use one of %s", redact(rawURL), Schemes())
 	}
 	scheme = strings.ToLower(scheme)
+	if i := strings.IndexFunc(rawURL, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }); i >= 0 {
+		return nil, fmt.Errorf("broker URL %q holds a space or control character at byte %d: a URL names one broker, "+
+			"with nothing after it (escape a space inside a value as %%20)", redact(rawURL), i)
+	}
+	if _, err := url.Parse(rawURL); err != nil {
+		return nil, fmt.Errorf("broker URL %q is not a valid URL: %w", redact(rawURL), errors.Unwrap(err))
+	}
 	openersMu.RLock()
 	r, found := openers[scheme]
 	openersMu.RUnlock()
@@ -243,15 +252,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
 }
 
 // redact hides the password of a URL for error messages.
-func redact(raw string) string {
-	if u, err := url.Parse(raw); err == nil && u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "***")
-			return strings.Replace(u.String(), "%2A%2A%2A", "***", 1)
-		}
-	}
-	return raw
-}
+func redact(raw string) string { return urls.Redact(raw) }
 
 // check rejects options set for a scheme they do not apply to.
 func (o Options) check(scheme string) error {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -12,6 +11,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/internal/urls"
 )
 
 // DB is a store opened by URL with Open, with the database/sql handle the application uses for its
@@ -184,15 +184,7 @@ func Finish(ctx context.Context, db *sql.DB, s Driver[*sql.Tx], err error, diale
 }
 
 // RedactURL hides the password of a URL, for messages and logs.
-func RedactURL(raw string) string {
-	if u, err := url.Parse(raw); err == nil && u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "***")
-			return strings.Replace(u.String(), "%2A%2A%2A", "***", 1)
-		}
-	}
-	return raw
-}
+func RedactURL(raw string) string { return urls.Redact(raw) }
 
 // Rebind turns a statement written with ? placeholders into dialect's: $1, $2, … on Postgres, left
 // as it is on MySQL and SQLite. A ? inside a quoted string or identifier is left alone. It lets an

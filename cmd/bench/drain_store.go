@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -203,9 +202,4 @@ func drainStockMySQL(ctx context.Context, c config, rep int) (float64, error) {
 }
 
 // redactURL hides a URL's password.
-func redactURL(raw string) string {
-	if u, err := url.Parse(raw); err == nil {
-		return u.Redacted()
-	}
-	return raw
-}
+func redactURL(raw string) string { return store.RedactURL(raw) }

@@ -363,11 +363,4 @@ func summary(o options, before, after snapshot, placed int) string {
 	return b.String()
 }
 
-func redact(u string) string {
-	if at := strings.Index(u, "@"); at > 0 {
-		if colon := strings.LastIndex(u[:at], ":"); colon > strings.Index(u, "//")+1 {
-			return u[:colon+1] + "***" + u[at:]
-		}
-	}
-	return u
-}
+func redact(u string) string { return store.RedactURL(u) }

@@ -4,15 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/internal/urls"
 )
 
 // ConsumersOf returns the consumers declared for topic, those of "*" included.
@@ -169,15 +168,7 @@ func (p *LazyPublisher) Close() error {
 }
 
 // Redact hides the password of a URL for error messages.
-func Redact(raw string) string {
-	if u, err := url.Parse(raw); err == nil && u.User != nil {
-		if _, has := u.User.Password(); has {
-			u.User = url.UserPassword(u.User.Username(), "***")
-			return strings.Replace(u.String(), "%2A%2A%2A", "***", 1)
-		}
-	}
-	return raw
-}
+func Redact(raw string) string { return urls.Redact(raw) }
 
 // AgeOf is the age of something the broker stamped at t, never negative.
 func AgeOf(t time.Time) time.Duration { return max(0, time.Since(t)) }
