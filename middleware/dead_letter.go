@@ -1,6 +1,8 @@
 package middleware
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -163,24 +165,42 @@ func (dl *deadLetter) handle(h message.HandlerFunc, msg *message.Message) ([]*me
 
 func (dl *deadLetter) deadLetter(msg *message.Message, d *delivery, reason string) error {
 	reason = dbtext.Storable(reason)
+	// A message is dead-lettered on a delivery, so it had one at least, even uncounted (a message
+	// without an id, which nothing can count, or a stack without DeliveryCount).
+	deliveries := max(d.count, 1)
 	if !dl.cfg.DisableTable {
 		metadata, err := json.Marshal(msg.Metadata)
 		if err != nil || msg.Metadata == nil {
 			metadata = []byte("{}")
 		}
 		if err := d.session(dl.cfg.Store).DeadLetter(msg.Context(), store.InboxDeadLetter{
-			Consumer: dl.cfg.Consumer, Topic: message.SubscribeTopicFromCtx(msg.Context()), MessageID: msg.UUID,
-			Payload: msg.Payload, Metadata: metadata, Reason: reason, Deliveries: d.count, Now: dl.cfg.Now(),
+			Consumer: dl.cfg.Consumer, Topic: message.SubscribeTopicFromCtx(msg.Context()), MessageID: deadLetterID(msg, metadata),
+			Payload: msg.Payload, Metadata: metadata, Reason: reason, Deliveries: deliveries, Now: dl.cfg.Now(),
 		}); err != nil {
 			return fmt.Errorf("dead-letter message %s (%s): %w", msg.UUID, reason, err)
 		}
 	}
 	d.deadLettered = true
-	dl.cfg.Logger.Info("Message dead-lettered", watermill.LogFields{
-		"consumer": dl.cfg.Consumer, "message_uuid": msg.UUID, "deliveries": d.count, "reason": reason,
+	logs.Warn(dl.cfg.Logger, "Message dead-lettered: it waits for an operator's replay", nil, watermill.LogFields{
+		"consumer": dl.cfg.Consumer, "message_uuid": msg.UUID, "deliveries": deliveries, "reason": reason,
 	})
 	if dl.cfg.DeadLetterPublisher != nil {
 		return &deadLettered{reason: reason}
 	}
 	return nil
+}
+
+// deadLetterID is the id a message is dead-lettered under: its own, or, for a message that came
+// without one, "no-id:" and a digest of its topic, payload and metadata — dead letters are kept one
+// per id, and distinct messages without an id must not overwrite one another.
+func deadLetterID(msg *message.Message, metadata []byte) string {
+	if msg.UUID != "" {
+		return msg.UUID
+	}
+	h := sha256.New()
+	for _, part := range [][]byte{[]byte(message.SubscribeTopicFromCtx(msg.Context())), msg.Payload, metadata} {
+		_, _ = fmt.Fprintf(h, "%d:", len(part))
+		h.Write(part)
+	}
+	return "no-id:" + hex.EncodeToString(h.Sum(nil)[:16])
 }

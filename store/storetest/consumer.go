@@ -44,6 +44,7 @@ func consumerTests[TTx any]() []test[TTx] {
 		{"ReplayProcessedOnceThenDuplicate", replayOnceThenDuplicate[TTx]},
 		{"OrderGuard", orderGuard[TTx]},
 		{"OutageNeitherCountsNorDeadLetters", outageNeitherCounts[TTx]},
+		{"MessageWithoutIDIsDeadLetteredApart", messageWithoutID[TTx]},
 		{"MisconfiguredTxTypeIsHeldNotDeadLettered", misconfiguredTxType[TTx]},
 		{"MisconfiguredConsumerIsHeldNotRecorded", misconfiguredConsumer[TTx]},
 		{"MisconfiguredNotMigratedIsHeldAndNamesTheVersion", misconfiguredNotMigrated[TTx]},
@@ -1218,5 +1219,30 @@ func misconfiguredNotMigrated[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 	if err := env.Store.CheckSchema(context.Background()); err != nil {
 		t.Fatalf("CheckSchema after Migrate: %v", err)
+	}
+}
+
+// A message without an id (another producer's) cannot be deduplicated: it is dead-lettered on its
+// first delivery, showing that delivery, and two different ones are kept apart.
+func messageWithoutID[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	e := newConsumerEnv(t, h)
+	stack := e.stack(t, "shipping", e.effect("shipping"))
+	for _, payload := range []string{`{"id":"a"}`, `{"id":"b"}`} {
+		if _, err := stack(message.NewMessage("", []byte(payload))); err != nil {
+			t.Fatalf("a message without an id: %v; want it dead-lettered and acknowledged", err)
+		}
+	}
+	letters, err := e.Store.InboxDeadLetters(context.Background(), store.DeadLetterFilter{Consumer: "shipping"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(letters) != 2 {
+		t.Fatalf("%d dead letters for two different messages without an id, want 2: %+v", len(letters), letters)
+	}
+	for _, l := range letters {
+		if l.Attempts != 1 || !strings.HasPrefix(l.MessageID, "no-id:") || !strings.Contains(l.Reason, "has no UUID") {
+			t.Fatalf("dead letter %+v; want 1 delivery, a no-id: id and the reason", l)
+		}
 	}
 }
