@@ -112,6 +112,10 @@ func NewBatchConsumer(cfg BatchConfig, sub message.Subscriber, topic string, h m
 	if sub == nil || topic == "" || h == nil {
 		return nil, errors.New("batch consumer: a subscriber, a topic and a handler are required")
 	}
+	if named, ok := sub.(interface{ Consumer() string }); ok && named.Consumer() != cfg.Consumer {
+		return nil, fmt.Errorf("batch consumer %q: %w: the subscriber reads for consumer %q; give both the same name",
+			cfg.Consumer, ErrWrongConsumer, named.Consumer())
+	}
 	stack, err := Stack(cfg.StackConfig)
 	if err != nil {
 		return nil, fmt.Errorf("batch consumer: %w", err)
@@ -163,7 +167,9 @@ func chain(ms []message.HandlerMiddleware, h message.HandlerFunc) message.Handle
 func (c *BatchConsumer) Running() <-chan struct{} { return c.running }
 
 // Run subscribes and consumes until ctx ends or the subscription's channel closes, then returns
-// nil once the batch in progress is settled. It may be called once.
+// nil once the batch in progress is settled. It may be called once. It first checks the store's
+// tables and returns at once, saying what to do, when they are missing or newer than this build or
+// the database refuses the consumer's credentials; an unreachable database only delays.
 func (c *BatchConsumer) Run(ctx context.Context) error {
 	c.mu.Lock()
 	if c.started {
@@ -172,6 +178,9 @@ func (c *BatchConsumer) Run(ctx context.Context) error {
 	}
 	c.started = true
 	c.mu.Unlock()
+	if err := c.checkSchema(ctx); err != nil {
+		return err
+	}
 	msgs, err := c.sub.Subscribe(ctx, c.topic)
 	if err != nil {
 		return fmt.Errorf("batch consumer %s: subscribe to %s: %w", c.cfg.Consumer, c.topic, err)
@@ -381,4 +390,15 @@ func (c *BatchConsumer) apply(m *message.Message, d *delivery, tx store.InboxTx)
 		return err
 	}
 	return c.inbox.emit(m.Context(), tx, m, out)
+}
+
+// checkSchema refuses to start on tables missing or newer than this build, or refused credentials;
+// an unreachable database is left to the stack, which holds messages until it answers.
+func (c *BatchConsumer) checkSchema(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := c.cfg.Store.CheckSchema(cctx); err != nil && misconfigured(err) {
+		return fmt.Errorf("batch consumer %s: %w", c.cfg.Consumer, err)
+	}
+	return nil
 }

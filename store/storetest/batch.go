@@ -27,6 +27,7 @@ func batchTests[TTx any]() []test[TTx] {
 		{"RedeliveriesGoThroughTheStackInTheirPlace", batchRedeliveries[TTx]},
 		{"HandlerOutputGoesIntoTheOutbox", batchOutput[TTx]},
 		{"OrderGuardEarlyVersionFallsBack", batchOrderGuard[TTx]},
+		{"MisconfiguredIsRefusedAtStart", batchMisconfigured[TTx]},
 	}
 }
 
@@ -333,5 +334,35 @@ func batchOrderGuard[TTx any](t *testing.T, h Harness[TTx]) {
 	}
 	if n := e.MustInt(t, `SELECT count(*) FROM {{schema}}.inbox_parked WHERE consumer = 'billing'`); n != 1 {
 		t.Fatalf("%d parked, want acct-2 version 2 alone", n)
+	}
+}
+
+// namedFeed is a feed whose subscriber reads for a consumer, as outboxkit's subscribers say.
+type namedFeed struct {
+	*feed
+	consumer string
+}
+
+func (f namedFeed) Consumer() string { return f.consumer }
+
+// A batch consumer refuses, when it is built, a subscriber of another consumer than its own; and
+// its Run refuses tables never migrated, saying which version to migrate to.
+func batchMisconfigured[TTx any](t *testing.T, h Harness[TTx]) {
+	t.Parallel()
+	env := h.Open(t) // not migrated
+	cfg := middleware.BatchConfig{StackConfig: middleware.StackConfig{Store: env.Store, Consumer: "billing"}}
+	handler := middleware.NoPublish(func(*message.Message) error { return nil })
+	_, err := middleware.NewBatchConsumer(cfg, namedFeed{newFeed(), "shipping"}, "orders", handler)
+	if !errors.Is(err, middleware.ErrWrongConsumer) || !strings.Contains(err.Error(), `"shipping"`) {
+		t.Fatalf("a subscriber of another consumer: %v; want ErrWrongConsumer naming it", err)
+	}
+	c, err := middleware.NewBatchConsumer(cfg, namedFeed{newFeed(), "billing"}, "orders", handler)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := c.Run(ctx); !errors.Is(err, store.ErrNotMigrated) || !strings.Contains(err.Error(), "needs version") {
+		t.Fatalf("Run on tables never migrated: %v; want ErrNotMigrated naming the version", err)
 	}
 }
