@@ -28,21 +28,31 @@ type env struct {
 	stdout io.Writer
 }
 
-// connect opens the store --db names. It opens no LISTEN connection: outboxctl relays nothing.
-func (e *env) connect(ctx context.Context) (*store.DB, error) {
+// connect opens the store --db names, which must exist unless the command creates it (migrate). It
+// opens no LISTEN connection: outboxctl relays nothing.
+func (e *env) connect(ctx context.Context, create bool) (*store.DB, error) {
 	if e.dbURL == "" {
 		return nil, usagef("no database: pass --db URL (%s) or set OUTBOXKIT_DATABASE_URL", store.Schemes())
 	}
 	if !strings.Contains(e.dbURL, "://") {
 		return nil, usagef("--db %q is not a database URL: use one of %s", e.dbURL, store.Schemes())
 	}
-	return store.Open(ctx, e.dbURL, store.OpenOptions{Schema: e.schema, PollOnly: true})
+	opts := store.OpenOptions{Schema: e.schema, PollOnly: true}
+	if strings.HasPrefix(strings.ToLower(e.dbURL), "sqlite://") {
+		// Reading a file that is not there would create an empty database and report nothing wrong.
+		opts.MustExist = !create
+	}
+	return store.Open(ctx, e.dbURL, opts)
 }
 
-// flags is a command's flag set; errors and --help are reported by the caller.
-func flags(name string) *flag.FlagSet {
+// flags is a command's flag set, with the global --db and --schema too, so that they may come
+// after the command as well as before it; errors and --help are reported by the caller.
+func (e *env) flags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	fs.StringVar(&e.dbURL, "db", e.dbURL, "database URL (env OUTBOXKIT_DATABASE_URL); also accepted before the command")
+	fs.StringVar(&e.schema, "schema", e.schema, "Postgres schema or MySQL database holding the tables (env OUTBOXKIT_SCHEMA); "+
+		"also accepted before the command")
 	return fs
 }
 
@@ -63,10 +73,10 @@ func parse(fs *flag.FlagSet, args []string, stdout io.Writer) error {
 }
 
 func (e *env) migrate(ctx context.Context, args []string) error {
-	if err := parse(flags("migrate"), args, e.stdout); err != nil {
+	if err := parse(e.flags("migrate"), args, e.stdout); err != nil {
 		return err
 	}
-	db, err := e.connect(ctx)
+	db, err := e.connect(ctx, true)
 	if err != nil {
 		return err
 	}
@@ -109,7 +119,7 @@ type ConsumerLag struct {
 }
 
 func (e *env) status(ctx context.Context, args []string) error {
-	fs := flags("status")
+	fs := e.flags("status")
 	asJSON := fs.Bool("json", false, "print JSON")
 	brokerURL := fs.String("broker", "", "also read each consumer's backlog from this broker (amqp://, kafka://, nats://, redis://)")
 	topic := fs.String("topic", "", "the topic the consumers read, with --broker")
@@ -119,7 +129,7 @@ func (e *env) status(ctx context.Context, args []string) error {
 	if (*brokerURL == "") != (*topic == "") {
 		return &usageError{"status: --broker and --topic go together: the backlog is per topic and consumer group"}
 	}
-	db, err := e.connect(ctx)
+	db, err := e.connect(ctx, false)
 	if err != nil {
 		return err
 	}
@@ -197,7 +207,7 @@ func (e *env) status(ctx context.Context, args []string) error {
 }
 
 func (e *env) prune(ctx context.Context, args []string) error {
-	fs := flags("prune")
+	fs := e.flags("prune")
 	published := fs.Duration("published-older-than", 24*time.Hour, "delete outbox rows published longer ago than this")
 	inbox := fs.Duration("inbox-older-than", middleware.DefaultDedupWindow,
 		"delete inbox rows older than this: the dedup window, keep it longer than any redelivery or replay")
@@ -208,7 +218,7 @@ func (e *env) prune(ctx context.Context, args []string) error {
 	if *published <= 0 || *inbox <= 0 || *batch < 1 {
 		return usagef("prune: --published-older-than and --inbox-older-than must be positive durations (e.g. 24h), --batch at least 1")
 	}
-	db, err := e.connect(ctx)
+	db, err := e.connect(ctx, false)
 	if err != nil {
 		return err
 	}

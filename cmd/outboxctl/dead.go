@@ -57,7 +57,7 @@ func deadLetters(ctx context.Context, db *store.DB, side string, filter store.De
 }
 
 func (e *env) deadList(ctx context.Context, side string, args []string) error {
-	fs := flags(side + " dead list")
+	fs := e.flags(side + " dead list")
 	ff := addFilters(fs, side, false)
 	if err := parse(fs, args, e.stdout); err != nil {
 		return err
@@ -66,7 +66,7 @@ func (e *env) deadList(ctx context.Context, side string, args []string) error {
 	if err != nil {
 		return err
 	}
-	db, err := e.connect(ctx)
+	db, err := e.connect(ctx, false)
 	if err != nil {
 		return err
 	}
@@ -96,7 +96,7 @@ func (e *env) deadList(ctx context.Context, side string, args []string) error {
 }
 
 func (e *env) deadShow(ctx context.Context, side string, args []string) error {
-	fs := flags(side + " dead show")
+	fs := e.flags(side + " dead show")
 	if err := parse(fs, args, e.stdout); err != nil {
 		return err
 	}
@@ -108,7 +108,7 @@ func (e *env) deadShow(ctx context.Context, side string, args []string) error {
 	if err != nil || id < 1 {
 		return usagef("%s dead show: %s %q is not a positive integer", side, idName, fs.Arg(0))
 	}
-	db, err := e.connect(ctx)
+	db, err := e.connect(ctx, false)
 	if err != nil {
 		return err
 	}
@@ -132,7 +132,7 @@ type showable struct {
 }
 
 func (e *env) deadReplay(ctx context.Context, side string, args []string) error {
-	fs := flags(side + " dead replay")
+	fs := e.flags(side + " dead replay")
 	ff := addFilters(fs, side, true)
 	if err := parse(fs, args, e.stdout); err != nil {
 		return err
@@ -145,9 +145,14 @@ func (e *env) deadReplay(ctx context.Context, side string, args []string) error 
 		return usagef("inbox dead replay re-publishes to the broker: pass --broker URL (amqp://, kafka://, nats://, redis://, postgres://) or set OUTBOXKIT_BROKER_URL")
 	}
 	if !filter.All && filter.Empty() {
-		return fmt.Errorf("%w (--all)", store.ErrEmptyFilter)
+		// A forgotten filter must never replay everything: say what to pass.
+		which := "--seq, --uuid, --topic, --key, --error, --since, --until"
+		if side == "inbox" {
+			which = "--id, --uuid, --consumer, --topic, --error, --since, --until"
+		}
+		return usagef("%s dead replay: name what to replay (%s), or pass --all to replay every dead letter", side, which)
 	}
-	db, err := e.connect(ctx)
+	db, err := e.connect(ctx, false)
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -39,6 +40,11 @@ func TestUsageErrorsExitTwoAndSayWhatToDo(t *testing.T) {
 		{[]string{"--db", "postgres://x@127.0.0.1:1/x", "outbox", "dead", "show"}, "takes one SEQ"},
 		{[]string{"--db", "postgres://x@127.0.0.1:1/x", "inbox", "alive"}, "dead list|show|replay"},
 		{[]string{"--db", "postgres://x@127.0.0.1:1/x", "prune", "--inbox-older-than", "-1h"}, "must be positive"},
+		// A forgotten filter never replays everything: a usage error naming the flags, --all first among them.
+		{[]string{"--db", "postgres://x@127.0.0.1:1/x", "outbox", "dead", "replay"}, "or pass --all"},
+		{[]string{"--db", "postgres://x@127.0.0.1:1/x", "inbox", "dead", "replay", "--broker", "memory://"}, "--consumer"},
+		// Global flags after the command are read too: here the error is about the command's own flag.
+		{[]string{"prune", "--db", "postgres://x@127.0.0.1:1/x", "--inbox-older-than", "-1h"}, "must be positive"},
 	} {
 		code, _, stderr := ctl(t, c.args...)
 		if code != 2 || !strings.Contains(stderr, c.want) {
@@ -47,6 +53,31 @@ func TestUsageErrorsExitTwoAndSayWhatToDo(t *testing.T) {
 	}
 	if code, stdout, _ := ctl(t, "--help"); code != 0 || !strings.Contains(stdout, "Commands:") {
 		t.Errorf("--help: exit %d", code)
+	}
+}
+
+// --db and --schema work after the command as well as before it.
+func TestGlobalFlagsAfterTheCommand(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "outbox.db")
+	if code, _, stderr := ctl(t, "migrate", "--db", "sqlite://"+path); code != 0 {
+		t.Fatalf("migrate --db after the command: exit %d: %s", code, stderr)
+	}
+	if code, stdout, stderr := ctl(t, "status", "--db", "sqlite://"+path); code != 0 || !strings.Contains(stdout, "outbox") {
+		t.Fatalf("status --db after the command: exit %d: %s%s", code, stdout, stderr)
+	}
+}
+
+// Reading a SQLite file that is not there is an error, not a new empty database.
+func TestReadingAMissingSQLiteFileCreatesNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "typo.db")
+	for _, cmd := range [][]string{{"status"}, {"outbox", "dead", "list"}, {"inbox", "dead", "list"}, {"prune"}} {
+		code, _, stderr := ctl(t, append([]string{"--db", "sqlite://" + path}, cmd...)...)
+		if code != 1 || !strings.Contains(stderr, "the file must exist") {
+			t.Errorf("%v on a missing file: exit %d, stderr %q; want exit 1 saying the file must exist", cmd, code, stderr)
+		}
+		if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+			t.Fatalf("%v created %s", cmd, path)
+		}
 	}
 }
 
@@ -147,7 +178,7 @@ func operate(t *testing.T, url, namespace string) {
 	if code, _, stderr := ctl(t, append(db, "outbox", "dead", "show", "2")...); code != 1 || !strings.Contains(stderr, "no dead letter") {
 		t.Fatalf("show of a published row: exit %d, %q", code, stderr)
 	}
-	if code, _, stderr := ctl(t, append(db, "outbox", "dead", "replay")...); code != 1 || !strings.Contains(stderr, "filter is empty") {
+	if code, _, stderr := ctl(t, append(db, "outbox", "dead", "replay")...); code != 2 || !strings.Contains(stderr, "or pass --all") {
 		t.Fatalf("replay without a filter: exit %d, %q", code, stderr)
 	}
 	code, stdout, _ = ctl(t, append(db, "outbox", "dead", "replay", "--key", "bad", "--dry-run")...)

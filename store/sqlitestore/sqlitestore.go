@@ -88,7 +88,7 @@ func openURL(ctx context.Context, rawURL string, opts store.OpenOptions) (*store
 	}
 	if opts.MustExist {
 		if _, err := os.Stat(path); err != nil {
-			return nil, fmt.Errorf("database URL %q: %w (the file must exist: check the path, or run migrate first)", rawURL, err)
+			return nil, fmt.Errorf("database URL %q: %w (the file must exist: check the path, or create it with Migrate, `outboxctl migrate`)", rawURL, err)
 		}
 	}
 	s, err := Open(ctx, path)
