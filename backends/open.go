@@ -283,7 +283,7 @@ func (o Options) check(scheme string) error {
 	for topic, consumers := range mergeConsumers(o.Consumers, o.ConsumerGroups) {
 		for _, c := range consumers {
 			if c == "" {
-				return fmt.Errorf("Consumers[%q] holds an empty consumer name", topic)
+				return fmt.Errorf("options: Consumers[%q] holds an empty consumer name", topic)
 			}
 		}
 	}

@@ -1,0 +1,114 @@
+// Package depcheck pins what each outboxkit package makes a program compile, so that a service
+// pays only for the store and the broker it uses, and that cannot creep back unnoticed.
+package depcheck
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/outboxkit/outboxkit"
+
+// deps lists the packages a program importing pkg compiles.
+func deps(t *testing.T, pkg string) []string {
+	t.Helper()
+	out, err := exec.Command("go", "list", "-deps", pkg).Output()
+	if err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			t.Fatalf("go list -deps %s: %v\n%s", pkg, err, ee.Stderr)
+		}
+		t.Fatalf("go list -deps %s: %v", pkg, err)
+	}
+	return strings.Fields(string(out))
+}
+
+// The clients and libraries only some programs want, by the name a reader knows them by.
+var heavy = map[string]string{
+	"github.com/jackc/pgx/v5":                        "pgx",
+	"github.com/lib/pq":                              "lib/pq",
+	"github.com/go-sql-driver/mysql":                 "go-sql-driver/mysql",
+	"modernc.org/sqlite":                             "modernc.org/sqlite",
+	"github.com/rabbitmq/amqp091-go":                 "amqp091-go",
+	"github.com/ThreeDotsLabs/watermill-amqp":        "watermill-amqp",
+	"github.com/IBM/sarama":                          "sarama",
+	"github.com/ThreeDotsLabs/watermill-kafka":       "watermill-kafka",
+	"github.com/nats-io/nats.go":                     "nats.go",
+	"github.com/ThreeDotsLabs/watermill-nats":        "watermill-nats",
+	"github.com/redis/go-redis":                      "go-redis",
+	"github.com/ThreeDotsLabs/watermill-redisstream": "watermill-redisstream",
+	"github.com/ThreeDotsLabs/watermill-sql":         "watermill-sql",
+	"github.com/prometheus/client_golang":            "prometheus",
+	"go.opentelemetry.io/otel/propagation":           "otel/propagation",
+	"go.opentelemetry.io/otel/sdk":                   "otel/sdk",
+	"github.com/ory/dockertest":                      "dockertest",
+	"net/http":                                       "net/http",
+}
+
+// allowed names, per package, the heavy libraries it may compile: its own client and nothing else.
+var allowed = map[string][]string{
+	"":                         nil, // the root package: metadata keys and error markers
+	"store":                    nil,
+	"store/mysqlstore":         {"go-sql-driver/mysql"},
+	"store/sqlitestore":        {"modernc.org/sqlite"},
+	"store/pgsqlstore":         {"pgx"}, // pgx's stdlib is its default driver and its LISTEN connection; lib/pq only if the program imports it
+	"store/pgxstore":           {"pgx"},
+	"pipeline":                 nil,
+	"forwarder":                nil,
+	"middleware":               nil,
+	"handlers":                 nil,
+	"backends":                 nil,
+	"backends/memorybackend":   nil,
+	"backends/amqpbackend":     {"amqp091-go", "watermill-amqp"},
+	"backends/kafkabackend":    {"sarama", "watermill-kafka", "otel/propagation", "net/http"}, // the last two are Sarama's (otelsarama)
+	"backends/natsbackend":     {"nats.go", "watermill-nats", "net/http"},                     // nats.go's own
+	"backends/redisbackend":    {"go-redis", "watermill-redisstream"},
+	"backends/postgresbackend": {"watermill-sql", "pgx", "lib/pq"}, // watermill-sql imports both drivers
+	"prom":                     {"prometheus", "net/http"},         // the client's own
+	"idempotency":              {"net/http"},
+}
+
+func TestEachPackageCompilesOnlyItsOwnClient(t *testing.T) {
+	t.Parallel()
+	for rel, ok := range allowed {
+		pkg := module
+		if rel != "" {
+			pkg += "/" + rel
+		}
+		t.Run(strings.ReplaceAll(rel+"/", "/", "_"), func(t *testing.T) {
+			t.Parallel()
+			found := map[string]bool{}
+			for _, d := range deps(t, pkg) {
+				for prefix, name := range heavy {
+					if d == prefix || strings.HasPrefix(d, prefix+"/") {
+						found[name] = true
+					}
+				}
+			}
+			for name := range found {
+				permitted := false
+				for _, a := range ok {
+					permitted = permitted || a == name
+				}
+				if !permitted {
+					t.Errorf("%s compiles %s: a program importing it pays for a client it may not use", pkg, name)
+				}
+			}
+		})
+	}
+}
+
+// A service on MySQL and RabbitMQ (store, publisher, forwarder, consumer stack) compiles no more
+// than 1.1 times the packages of the stock Watermill equivalent (watermill-sql on MySQL,
+// watermill-amqp, Watermill's forwarder and router).
+func TestAMySQLAndRabbitMQServiceIsNotHeavierThanStockWatermill(t *testing.T) {
+	t.Parallel()
+	ours := deps(t, "./testdata/ours")
+	stock := deps(t, "./testdata/stock")
+	ratio := float64(len(ours)) / float64(len(stock))
+	t.Logf("outboxkit %d packages, stock Watermill %d: %.2fx", len(ours), len(stock), ratio)
+	if ratio > 1.1 {
+		t.Fatalf("outboxkit's MySQL + RabbitMQ service compiles %d packages, %.2fx the stock equivalent's %d; want at most 1.1x",
+			len(ours), ratio, len(stock))
+	}
+}
