@@ -2,7 +2,7 @@
 // delivery counting, dead-lettering, retries and the inbox, plus an opt-in per-key order guard
 // and metrics. Stack builds the recommended stack in the right order, outermost first:
 //
-//	Metrics → Circuit → DeliveryCount → DeadLetter → Retry → Inbox → [OrderGuard] → handler
+//	[Tracing] → [Metrics] → Circuit → DeliveryCount → DeadLetter → Retry → Inbox → [OrderGuard] → handler
 //
 // Metrics sees every outcome. Circuit holds every message while a dependency (the database, a
 // service the handler calls) is unreachable and probes it with backoff, so an outage delays and
@@ -15,6 +15,8 @@
 // commit together, and a duplicate — even a concurrent one — is acknowledged without running the
 // handler.
 //
-// Every middleware reads the database through a pgx pool and the tables Migrate created (package
-// pipeline). None knows which broker the messages came from.
+// Every middleware reads and writes the database through the store seam (package store), whatever
+// the database and its driver, in the tables pipeline.Migrate created; a handler gets the inbox's
+// transaction in the driver's own type (pgx.Tx, *sql.Tx). None knows which broker the messages came
+// from.
 package middleware
