@@ -131,6 +131,9 @@ type ClaimParams struct {
 	Hold time.Duration
 	// Owner names the relay, for stores that lease rows.
 	Owner string
+	// Relay is the relay's name (forwarder Config.Name): a relay paused by that name claims
+	// nothing, and no relay claims rows of a paused topic (see Pause). Empty: only topic pauses.
+	Relay string
 }
 
 // Claim is one relay pass's hold on outbox rows: rows returned are kept from every other relay
@@ -219,6 +222,30 @@ type DeadLetter struct {
 	CreatedAt      time.Time `json:"created_at,omitzero"` // outbox rows: when written
 	DeadLetteredAt time.Time `json:"dead_lettered_at"`
 	ReplayedAt     time.Time `json:"replayed_at,omitzero"` // consumers' dead letters: zero until replayed
+
+	// The fields below are read by the console (see Console); other listings leave them zero.
+
+	// EventType is the message's outboxkit_event_type; "" when it has none.
+	EventType string `json:"event_type,omitempty"`
+	// FailureGroup is the group of its last error and event type (FailureGroupOf); 0 while not
+	// grouped yet (a letter stored before the console's migration, until Console.Regroup).
+	FailureGroup int64 `json:"failure_group,omitempty"`
+	// ArchivedAt is when an operator archived it: it waits no more, and is never replayed.
+	ArchivedAt time.Time `json:"archived_at,omitzero"`
+	// PayloadSize is the payload's length in bytes, whether or not Payload holds it (or all of it).
+	PayloadSize int `json:"payload_size,omitempty"`
+	// SourceSeq is a consumer's letter's outbox seq (outboxkit_seq), 0 when unknown: a replay job
+	// sends each key's letters in this order.
+	SourceSeq int64 `json:"-"`
+}
+
+// Side is where a dead letter waits, as the console names it: SideOutbox for the outbox's (the
+// relay could not publish it), otherwise the consumer's name.
+func (d DeadLetter) Side() string {
+	if d.Consumer == "" {
+		return SideOutbox
+	}
+	return d.Consumer
 }
 
 // DeadLetterFilter selects dead letters. Set fields narrow the selection (they combine with AND).

@@ -282,8 +282,8 @@ func TestOutboxPlansStayOnTheirIndexes(t *testing.T) {
 	filter := read("dead_letter_filter.sql")
 	now := fmt.Sprintf("'%s'::timestamptz", time.Now().UTC().Format(time.RFC3339Nano))
 	statements := []struct{ name, sql, args string }{
-		{"claim", read("claim.sql"), now + ", 500, false"},
-		{"claim, parking", read("claim.sql"), now + ", 500, true"},
+		{"claim", read("claim.sql"), now + ", 500, false, ''"},
+		{"claim, parking", read("claim.sql"), now + ", 500, true, ''"},
 		{"mark published", read("mark_published.sql"), now + ", '{1,2,3}'::bigint[]"},
 		{"mark failed", read("mark_failed.sql"), `'[{"seq":1,"last_error":"x","next_attempt_at":null,"dead_lettered_at":null}]'::json`},
 		{"delete on publish", read("delete_published.sql"), "'{1,2,3}'::bigint[]"},

@@ -103,6 +103,21 @@ func (d *Dialect) Info() store.Info { return store.Info{Name: "mysql", Schema: d
 
 func (d *Dialect) Queries() *sqlstore.Queries { return &d.q }
 
+func (d *Dialect) Console() sqlstore.ConsoleSQL {
+	return sqlstore.ConsoleSQL{
+		Prefix: "`" + d.database + "`.", OutboxID: "uuid", DeadWaiting: "waiting = 1",
+		Contains: "LOCATE(%[2]s, %[1]s) > 0", ForUpdate: " FOR UPDATE",
+		InsertIgnore: "INSERT IGNORE INTO",
+		UpsertRelay: `INSERT INTO {{schema}}.relays (owner, name, host, pid, started_at, heartbeat_at, last_pass_at, last_publish_at,
+    circuit_open_since, blocked, published_total, published_by_topic, pauses_seen_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
+ON DUPLICATE KEY UPDATE heartbeat_at = VALUES(heartbeat_at), last_pass_at = VALUES(last_pass_at),
+    last_publish_at = VALUES(last_publish_at), circuit_open_since = VALUES(circuit_open_since), blocked = VALUES(blocked),
+    published_total = VALUES(published_total), published_by_topic = VALUES(published_by_topic),
+    pauses_seen_at = VALUES(pauses_seen_at)`,
+	}
+}
+
 func (d *Dialect) MarkFailed(ctx context.Context, q dbexec.Querier, rows []store.FailedRow, now time.Time, extra []any) error {
 	// Failures are rare: one small statement per row, in the pass's transaction.
 	for _, r := range rows {
@@ -161,7 +176,7 @@ func (d *Dialect) Claim(ctx context.Context, db dbexec.DB, p store.ClaimParams) 
 		_ = tx.Rollback(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	rows, err := tx.Query(ctx, d.sql["claim_window"], d.Time(p.Now), p.ParkKeyOnDeadLetter, p.Limit)
+	rows, err := tx.Query(ctx, d.sql["claim_window"], d.Time(p.Now), p.ParkKeyOnDeadLetter, p.Limit, p.Relay)
 	if err != nil {
 		return fail(err)
 	}
@@ -242,6 +257,14 @@ func checkVersion(version string) error {
 		return fmt.Errorf("MySQL %s has no FOR UPDATE SKIP LOCKED, which relays claim rows with: outboxkit needs MySQL 8.0.1 or newer", version)
 	}
 	return nil
+}
+
+// alreadyApplied reports whether a migration statement failed only because a run cut short had
+// applied it: MySQL 8 has no ADD COLUMN IF NOT EXISTS (MariaDB has), and DDL commits by itself.
+func alreadyApplied(err error) bool {
+	var me *gomysql.MySQLError
+	// ER_DUP_FIELDNAME, ER_DUP_KEYNAME
+	return errors.As(err, &me) && (me.Number == 1060 || me.Number == 1061)
 }
 
 // Classify translates MySQL errors once, at the seam.
@@ -331,7 +354,7 @@ func (d *Dialect) Migrate(ctx context.Context, db dbexec.DB) (store.MigrateResul
 			continue
 		}
 		for _, stmt := range sqlstore.Statements(d.render(m.SQL)) {
-			if _, err := conn.Exec(ctx, stmt); err != nil {
+			if _, err := conn.Exec(ctx, stmt); err != nil && !alreadyApplied(err) {
 				return res, fmt.Errorf("migrate database %s: apply %04d_%s: %w", d.database, m.Version, m.Name, err)
 			}
 		}

@@ -123,6 +123,21 @@ func (d *Dialect) Info() store.Info {
 
 func (d *Dialect) Queries() *sqlstore.Queries { return &d.q }
 
+func (d *Dialect) Console() sqlstore.ConsoleSQL {
+	return sqlstore.ConsoleSQL{
+		Prefix: d.schema.Ident() + ".", Dollar: true, OutboxID: "coalesce(uuid_text, uuid::text)",
+		Contains: "strpos(%s, %s) > 0", ForUpdate: " FOR UPDATE",
+		InsertIgnore: "INSERT INTO", OnConflictNothing: " ON CONFLICT DO NOTHING",
+		UpsertRelay: `INSERT INTO {{schema}}.relays (owner, name, host, pid, started_at, heartbeat_at, last_pass_at, last_publish_at,
+    circuit_open_since, blocked, published_total, published_by_topic, pauses_seen_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
+ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, last_pass_at = excluded.last_pass_at,
+    last_publish_at = excluded.last_publish_at, circuit_open_since = excluded.circuit_open_since, blocked = excluded.blocked,
+    published_total = excluded.published_total, published_by_topic = excluded.published_by_topic,
+    pauses_seen_at = excluded.pauses_seen_at`,
+	}
+}
+
 func (d *Dialect) Int64s(v []int64) any {
 	if v == nil {
 		v = []int64{}
@@ -300,7 +315,7 @@ func (d *Dialect) Claim(ctx context.Context, db dbexec.DB, p store.ClaimParams) 
 			return fail(err)
 		}
 	}
-	rows, err := tx.Query(ctx, d.claim, p.Now, p.Limit, p.ParkKeyOnDeadLetter)
+	rows, err := tx.Query(ctx, d.claim, p.Now, p.Limit, p.ParkKeyOnDeadLetter, p.Relay)
 	if err != nil {
 		return fail(err)
 	}

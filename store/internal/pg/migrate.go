@@ -4,11 +4,14 @@ import (
 	"context"
 	"embed"
 	"fmt"
+	"strings"
 
 	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/internal/dbexec"
 	"github.com/outboxkit/outboxkit/store/internal/sqlstore"
 )
+
+var sqlstoreStatements = sqlstore.Statements
 
 //go:embed migrations/*.sql
 var migrationFiles embed.FS
@@ -43,6 +46,16 @@ CREATE TABLE IF NOT EXISTS %[1]s.schema_migrations (
 	migrations := Migrations()
 	newest := migrations[len(migrations)-1].Version
 	for _, m := range migrations {
+		if strings.HasPrefix(m.SQL, noTransaction) {
+			applied, err := migrateOutsideTx(ctx, db, name, lockKey, m)
+			if err != nil {
+				return res, fmt.Errorf("migrate schema %s: apply %04d_%s: %w", name, m.Version, m.Name, err)
+			}
+			if applied {
+				res.Applied = append(res.Applied, m.Version)
+			}
+			continue
+		}
 		applied := false
 		err := inLockedTx(ctx, db, lockKey, func(tx dbexec.Tx) error {
 			var present int
@@ -104,4 +117,109 @@ func inLockedTx(ctx context.Context, db dbexec.DB, lockKey string, fn func(dbexe
 		return err
 	}
 	return tx.Commit(ctx)
+}
+
+// noTransaction marks a migration whose statements must run outside a transaction (CREATE INDEX
+// CONCURRENTLY), on a large table.
+const noTransaction = "-- outboxkit:no-transaction"
+
+// concurrentAbove is the outbox size above which a no-transaction migration builds its indexes
+// CONCURRENTLY. Below it a plain build in one transaction takes well under a second — and, unlike
+// CONCURRENTLY, it waits for no transaction on other tables of the database.
+const concurrentAbove = 64 << 20
+
+// migrateOutsideTx applies a no-transaction migration (CREATE INDEX IF NOT EXISTS statements).
+// Processes serialize on a session advisory lock held by one connection; the version row is
+// written after every statement succeeded, so a migration cut short runs again whole: each
+// statement is idempotent, and an index a crashed CONCURRENTLY build left invalid is dropped
+// first. A small outbox gets the same statements, without CONCURRENTLY, in one transaction.
+func migrateOutsideTx(ctx context.Context, db dbexec.DB, name Name, lockKey string, m Migration) (bool, error) {
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		return false, err
+	}
+	discard := true
+	defer func() { conn.Release(discard) }()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1))`, lockKey); err != nil {
+		return false, err
+	}
+	defer func() {
+		var released bool
+		err := conn.QueryRow(context.WithoutCancel(ctx), `SELECT pg_advisory_unlock(hashtext($1))`, lockKey).Scan(&released)
+		discard = err != nil || !released
+	}()
+	var present int
+	if err := conn.QueryRow(ctx, fmt.Sprintf(`SELECT count(*) FROM %s.schema_migrations WHERE version = $1`, name.Ident()),
+		m.Version).Scan(&present); err != nil {
+		return false, err
+	}
+	if present > 0 {
+		return false, nil
+	}
+	var size int64
+	if err := conn.QueryRow(ctx, `SELECT coalesce(pg_total_relation_size(to_regclass($1)), 0)`, name.Ident()+".outbox").Scan(&size); err != nil {
+		return false, err
+	}
+	var statements []string
+	for _, stmt := range sqlstoreStatements(name.Render(m.SQL)) {
+		statements = append(statements, withoutLeadingComments(stmt))
+	}
+	record := fmt.Sprintf(`INSERT INTO %s.schema_migrations (version, name) VALUES ($1, $2)`, name.Ident())
+	if size < concurrentAbove {
+		tx, err := conn.Begin(ctx, dbexec.TxOptions{})
+		if err != nil {
+			return false, err
+		}
+		defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+		for _, stmt := range statements {
+			if _, err := tx.Exec(ctx, stmt); err != nil {
+				return false, err
+			}
+		}
+		if _, err := tx.Exec(ctx, record, m.Version, m.Name); err != nil {
+			return false, err
+		}
+		return true, tx.Commit(ctx)
+	}
+	for _, stmt := range statements {
+		index := indexName(stmt)
+		if index != "" {
+			// A CONCURRENTLY build that failed or was cut short leaves an invalid index behind,
+			// which IF NOT EXISTS would keep.
+			var invalid bool
+			err := conn.QueryRow(ctx, `SELECT coalesce((SELECT NOT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)), false)`,
+				name.Ident()+"."+index).Scan(&invalid)
+			if err != nil {
+				return false, err
+			}
+			if invalid {
+				if _, err := conn.Exec(ctx, "DROP INDEX CONCURRENTLY IF EXISTS "+name.Ident()+"."+index); err != nil {
+					return false, err
+				}
+			}
+			stmt = strings.Replace(stmt, "CREATE INDEX IF NOT EXISTS", "CREATE INDEX CONCURRENTLY IF NOT EXISTS", 1)
+		}
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			return false, err
+		}
+	}
+	_, err = conn.Exec(ctx, record, m.Version, m.Name)
+	return err == nil, err
+}
+
+// indexName is the name a CREATE INDEX IF NOT EXISTS statement creates; "" for another statement.
+func indexName(stmt string) string {
+	rest, ok := strings.CutPrefix(strings.TrimSpace(stmt), "CREATE INDEX IF NOT EXISTS ")
+	if !ok {
+		return ""
+	}
+	return strings.Fields(rest)[0]
+}
+
+func withoutLeadingComments(stmt string) string {
+	lines := strings.Split(stmt, "\n")
+	for len(lines) > 0 && (strings.HasPrefix(strings.TrimSpace(lines[0]), "--") || strings.TrimSpace(lines[0]) == "") {
+		lines = lines[1:]
+	}
+	return strings.Join(lines, "\n")
 }

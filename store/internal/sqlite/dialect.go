@@ -84,6 +84,20 @@ func (d *Dialect) Info() store.Info { return store.Info{Name: "sqlite", Schema: 
 
 func (d *Dialect) Queries() *sqlstore.Queries { return &d.q }
 
+func (d *Dialect) Console() sqlstore.ConsoleSQL {
+	return sqlstore.ConsoleSQL{
+		Prefix: "main.", OutboxID: "uuid", Contains: "instr(%s, %s) > 0",
+		InsertIgnore: "INSERT INTO", OnConflictNothing: " ON CONFLICT DO NOTHING",
+		UpsertRelay: `INSERT INTO {{schema}}.relays (owner, name, host, pid, started_at, heartbeat_at, last_pass_at, last_publish_at,
+    circuit_open_since, blocked, published_total, published_by_topic, pauses_seen_at)
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13)
+ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, last_pass_at = excluded.last_pass_at,
+    last_publish_at = excluded.last_publish_at, circuit_open_since = excluded.circuit_open_since, blocked = excluded.blocked,
+    published_total = excluded.published_total, published_by_topic = excluded.published_by_topic,
+    pauses_seen_at = excluded.pauses_seen_at`,
+	}
+}
+
 func (d *Dialect) MarkFailed(ctx context.Context, q dbexec.Querier, rows []store.FailedRow, now time.Time, extra []any) error {
 	type failed struct {
 		Seq            int64   `json:"seq"`
@@ -160,7 +174,7 @@ func (d *Dialect) Claim(ctx context.Context, db dbexec.DB, p store.ClaimParams) 
 	}
 	var kept []store.OutboxRow
 	err := inTx(ctx, db, func(tx dbexec.Tx) error {
-		rows, err := tx.Query(ctx, d.sql["claim_window"], p.Owner, d.Time(p.Now.Add(hold)), d.Time(p.Now), p.ParkKeyOnDeadLetter, p.Limit)
+		rows, err := tx.Query(ctx, d.sql["claim_window"], p.Owner, d.Time(p.Now.Add(hold)), d.Time(p.Now), p.ParkKeyOnDeadLetter, p.Limit, p.Relay)
 		if err != nil {
 			return err
 		}

@@ -68,6 +68,9 @@ func Mark(ctx context.Context, q dbexec.Querier, d Dialect, o store.Outcome, ext
 	if err := d.MarkFailed(ctx, q, o.Failed, o.Now, extra); err != nil {
 		return fmt.Errorf("record failed outbox publishes: %w", d.Classify(err))
 	}
+	if err := groupDeadRows(ctx, q, d, o.Failed); err != nil {
+		return fmt.Errorf("file dead-lettered outbox rows under their failure group: %w", d.Classify(err))
+	}
 	return nil
 }
 

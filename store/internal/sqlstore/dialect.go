@@ -45,6 +45,8 @@ type Dialect interface {
 	// SchemaVersion reads the version the tables are at (0 when outboxkit's tables do not exist)
 	// and the newest version this build knows.
 	SchemaVersion(ctx context.Context, db dbexec.DB) (current, newest int, err error)
+	// Console is what the console's statements (written once, in sqlstore) need of the dialect.
+	Console() ConsoleSQL
 	// Classify translates a driver error once, at the seam: unreachable → outboxkit.Unreachable,
 	// a duplicate outbox UUID → store.ErrDuplicateUUID, a finished or aborted transaction, missing
 	// tables → store.ErrNotMigrated; others unchanged.

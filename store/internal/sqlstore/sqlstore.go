@@ -51,6 +51,16 @@ func (s *Store) Migrate(ctx context.Context) (store.MigrateResult, error) {
 	return res, s.d.Classify(err)
 }
 
+func (s *Store) SchemaVersion(ctx context.Context) (current, newest int, err error) {
+	current, newest, err = s.d.SchemaVersion(ctx, s.db)
+	if err != nil {
+		if err = s.d.Classify(err); errors.Is(err, store.ErrNotMigrated) {
+			return 0, newest, nil
+		}
+	}
+	return current, newest, err
+}
+
 func (s *Store) CheckSchema(ctx context.Context) error {
 	current, newest, err := s.d.SchemaVersion(ctx, s.db)
 	if err != nil {
@@ -431,8 +441,9 @@ func (se session) DeadLetter(ctx context.Context, q store.InboxDeadLetter) error
 	if payload == nil {
 		payload = []byte{}
 	}
+	f := FactsOf(q.Metadata, q.Reason)
 	_, err := se.db.Exec(ctx, se.s.q.DeadLetter, q.Consumer, q.Topic, q.MessageID, payload, string(q.Metadata), q.Reason,
-		q.Deliveries, se.s.d.Time(q.Now))
+		q.Deliveries, se.s.d.Time(q.Now), f.PartitionKey, f.EventType, f.FailureGroup, f.SourceSeq)
 	if err != nil {
 		return fmt.Errorf("dead-letter message %s: %w", q.MessageID, se.s.d.Classify(err))
 	}
@@ -533,8 +544,9 @@ func (t inboxTx) DeadLetterParked(ctx context.Context, q store.InboxDeadLetter) 
 	if payload == nil {
 		payload = []byte{}
 	}
+	f := FactsOf(q.Metadata, q.Reason)
 	if _, err := t.tx.Exec(ctx, t.s.q.DeadLetter, q.Consumer, q.Topic, q.MessageID, payload, string(q.Metadata), q.Reason,
-		q.Deliveries, t.s.d.Time(q.Now)); err != nil {
+		q.Deliveries, t.s.d.Time(q.Now), f.PartitionKey, f.EventType, f.FailureGroup, f.SourceSeq); err != nil {
 		return fmt.Errorf("dead-letter parked message %s: %w", q.MessageID, t.s.d.Classify(err))
 	}
 	_, err := t.tx.Exec(ctx, t.s.q.ForgetInbox, q.Consumer, q.MessageID)

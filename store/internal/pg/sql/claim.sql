@@ -9,7 +9,10 @@
 -- kept. Every step reads the pending index (or the small backing-off and dead-letter ones), so
 -- the claim costs the same with 0 or 5 M published rows behind it.
 --
--- $1 now, $2 window size, $3 park keys behind dead-lettered rows.
+-- Rows of a paused topic are left out of the window (they stay pending: gaps for their keys), and
+-- a relay paused by name claims nothing.
+--
+-- $1 now, $2 window size, $3 park keys behind dead-lettered rows, $4 the relay's name.
 WITH blocked AS (
     -- Per key, the first row that must wait; the key's rows from there on are left out.
     SELECT partition_key, min(seq) AS from_seq
@@ -26,6 +29,7 @@ WITH blocked AS (
         WHERE $3
           AND d.dead_lettered_at IS NOT NULL
           AND d.published_at IS NULL
+          AND d.archived_at IS NULL
           AND d.partition_key IS NOT NULL
     ) AS waiting
     GROUP BY partition_key
@@ -40,6 +44,8 @@ win AS (
           SELECT 1 FROM blocked
           WHERE blocked.partition_key = o.partition_key AND o.seq >= blocked.from_seq
       )
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.pauses AS p WHERE p.scope = 'topic' AND p.name = o.topic)
+      AND NOT EXISTS (SELECT 1 FROM {{schema}}.pauses AS p WHERE p.scope = 'relay' AND p.name = $4::text)
     ORDER BY o.seq
     LIMIT $2
     FOR UPDATE SKIP LOCKED

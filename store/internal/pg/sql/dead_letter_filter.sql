@@ -2,6 +2,7 @@
 -- $1 seqs, $2 uuids, $3 topic, $4 partition key, $5 error contains, $6 from, $7 until.
 dead_lettered_at IS NOT NULL
 AND published_at IS NULL
+AND archived_at IS NULL
 AND (cardinality($1::bigint[]) = 0 OR seq = ANY($1::bigint[]))
 AND (cardinality($2::text[]) = 0 OR coalesce(uuid_text, uuid::text) = ANY($2::text[]))
 AND ($3::text = '' OR topic = $3::text)

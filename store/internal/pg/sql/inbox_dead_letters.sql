@@ -3,7 +3,7 @@
 -- $8 include replayed, $9 limit.
 SELECT id, consumer, topic, message_id, payload, metadata::text, reason, deliveries, dead_lettered_at, replayed_at
 FROM {{schema}}.dead_letters
-WHERE (replayed_at IS NULL OR $8)
+WHERE ((replayed_at IS NULL AND archived_at IS NULL) OR $8)
   AND (cardinality($1::bigint[]) = 0 OR id = ANY($1::bigint[]))
   AND (cardinality($2::text[]) = 0 OR message_id = ANY($2::text[]))
   AND ($3 = '' OR consumer = $3)

@@ -5,6 +5,6 @@ SELECT partition_key, MIN(seq)
 FROM {{schema}}.outbox
 WHERE partition_key IN (?1)
   AND published_at IS NULL
-  AND (dead_lettered_at IS NULL OR ?3)
+  AND (dead_lettered_at IS NULL OR (?3 AND archived_at IS NULL))
   AND seq NOT IN (?2)
 GROUP BY partition_key

@@ -2,6 +2,7 @@
 -- ?1 seqs, ?2 uuids, ?3 topic, ?4 partition key, ?5 error contains, ?6 from, ?7 until.
 dead_lettered_at IS NOT NULL
 AND published_at IS NULL
+AND archived_at IS NULL
 AND (#1 = 0 OR seq IN (?1))
 AND (#2 = 0 OR uuid IN (?2))
 AND (?3 = '' OR topic = ?3)

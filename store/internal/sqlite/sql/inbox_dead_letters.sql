@@ -3,7 +3,7 @@
 -- ?8 include replayed, ?9 limit.
 SELECT id, consumer, topic, message_id, payload, metadata, reason, deliveries, dead_lettered_at, replayed_at
 FROM {{schema}}.dead_letters
-WHERE (replayed_at IS NULL OR ?8)
+WHERE ((replayed_at IS NULL AND archived_at IS NULL) OR ?8)
   AND (#1 = 0 OR id IN (?1))
   AND (#2 = 0 OR message_id IN (?2))
   AND (?3 = '' OR consumer = ?3)

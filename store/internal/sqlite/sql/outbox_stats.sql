@@ -1,7 +1,7 @@
--- Everything unpublished, through the pending index.
+-- Everything unpublished, through the pending index; archived dead letters wait no more.
 SELECT COALESCE(SUM(dead_lettered_at IS NULL), 0),
        MIN(CASE WHEN dead_lettered_at IS NULL THEN created_at END),
-       COALESCE(SUM(dead_lettered_at IS NOT NULL), 0),
-       MIN(dead_lettered_at)
+       COALESCE(SUM(dead_lettered_at IS NOT NULL AND archived_at IS NULL), 0),
+       MIN(CASE WHEN archived_at IS NULL THEN dead_lettered_at END)
 FROM {{schema}}.outbox
 WHERE published_at IS NULL
