@@ -250,7 +250,7 @@ func (s *Store) scanLetters(ctx context.Context, stmt string, args []any) ([]sto
 	var out []store.DeadLetter
 	for rows.Next() {
 		var (
-			l                                  store.DeadLetter
+			l                                 store.DeadLetter
 			dead, replayed, archived, created dbexec.Time
 		)
 		if err := rows.Scan(&l.ID, &l.Consumer, &l.Topic, &l.MessageID, &l.PartitionKey, &l.EventType, &l.Reason, &l.Attempts,
@@ -356,9 +356,9 @@ func (s *Store) readDetail(ctx context.Context, t letterTable, cond string, args
 	}
 	row := s.db.QueryRow(ctx, s.d.Console().render(stmt+" LIMIT 1"), args...)
 	var (
-		l                                  store.DeadLetter
+		l                                 store.DeadLetter
 		dead, replayed, archived, created dbexec.Time
-		metadata                           []byte
+		metadata                          []byte
 	)
 	err := row.Scan(&l.ID, &l.Consumer, &l.Topic, &l.MessageID, &l.PartitionKey, &l.EventType, &l.Reason, &l.Attempts,
 		&dead, &replayed, &archived, &l.FailureGroup, &l.PayloadSize, &created, &metadata, &l.Payload, &l.Reason)

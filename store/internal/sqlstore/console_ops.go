@@ -423,9 +423,9 @@ func (s *Store) NextConsumerLetters(ctx context.Context, l store.JobLease, n int
 	var out []store.DeadLetter
 	for rows.Next() {
 		var (
-			d                                  store.DeadLetter
+			d                                 store.DeadLetter
 			dead, replayed, archived, created dbexec.Time
-			metadata                           []byte
+			metadata                          []byte
 		)
 		if err := rows.Scan(&d.ID, &d.Consumer, &d.Topic, &d.MessageID, &d.PartitionKey, &d.EventType, &d.Reason, &d.Attempts,
 			&dead, &replayed, &archived, &d.FailureGroup, &d.PayloadSize, &created, &metadata, &d.Payload, &d.Reason, &d.SourceSeq); err != nil {
