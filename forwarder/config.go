@@ -125,6 +125,11 @@ type Config struct {
 	// Deprecated: use IsUnreachable. It is read only when IsUnreachable is nil.
 	IsTransportError func(error) bool
 
+	// HeartbeatInterval is how often a running relay reads the pauses an operator set (package
+	// console) and reports its state: a pause set in the middle of a pass is honoured from the next
+	// row once read. Default DefaultHeartbeatInterval (2s).
+	HeartbeatInterval time.Duration
+
 	// Retention deletes published rows. Default DefaultRetention.
 	Retention Retention
 
@@ -185,6 +190,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.AwakeAbove == 0 {
 		c.AwakeAbove = DefaultAwakeAbove
+	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultHeartbeatInterval
 	}
 	if c.MaxAttempts == 0 {
 		c.MaxAttempts = DefaultMaxAttempts
@@ -259,6 +267,7 @@ func (c Config) validate() error {
 	positiveDur("AwakeFor", c.AwakeFor)
 	positive("AwakeAbove", c.AwakeAbove)
 	positiveDur("PublishTimeout", c.PublishTimeout)
+	positiveDur("HeartbeatInterval", c.HeartbeatInterval)
 	positiveDur("Retention.Age", c.Retention.Age)
 	positiveDur("Retention.Interval", c.Retention.Interval)
 	errs = append(errs, c.Backoff.Validate("Backoff"), c.CircuitBackoff.Validate("CircuitBackoff"))

@@ -61,6 +61,7 @@ type Forwarder struct {
 	lastPublish atomic.Int64 // unix nanoseconds of the last pass that published a row
 	passSince   atomic.Int64 // unix nanoseconds of the start of the pass in progress; 0 when none
 	blocked     atomic.Pointer[error]
+	relay       relayState // pauses and heartbeat (pause.go)
 }
 
 // Health is what a readiness probe needs to know about the relay itself.
@@ -149,6 +150,7 @@ func New(cfg Config) (*Forwarder, error) {
 		circuit: &circuit{backoff: cfg.CircuitBackoff},
 		started: make(chan struct{}),
 	}
+	f.relay.started = cfg.Now()
 	if err := cfg.Metrics.Attach(f); err != nil {
 		return nil, fmt.Errorf("forwarder metrics: %w", err)
 	}
@@ -176,7 +178,7 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 
 	// If this process stalls holding the rows, the store gives them to another relay.
 	claim, err := f.cfg.Store.Claim(ctx, store.ClaimParams{Now: now, Limit: limit, ParkKeyOnDeadLetter: f.cfg.ParkKeyOnDeadLetter,
-		Hold: f.cfg.PublishTimeout + 5*time.Second, Owner: f.owner})
+		Hold: f.cfg.PublishTimeout + 5*time.Second, Owner: f.owner, Relay: f.cfg.Name})
 	if err != nil {
 		return Result{}, err
 	}
@@ -215,6 +217,7 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 	}
 
 	res.Published = len(out.published)
+	f.countPublished(rows, out.published)
 	res.Failed = len(out.failed)
 	res.DeadLettered = dead
 	res.Released = out.released

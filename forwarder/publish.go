@@ -85,7 +85,7 @@ func (f *Forwarder) publishGroups(ctx context.Context, groups [][]store.OutboxRo
 			defer wg.Done()
 			defer func() { <-sem }()
 			for i, r := range group {
-				if stopped() {
+				if stopped() || f.paused(r.Topic) {
 					mu.Lock()
 					out.released += len(group) - i
 					mu.Unlock()

@@ -60,6 +60,13 @@ func (f *Forwarder) Run(ctx context.Context) error {
 			})
 		}()
 	}
+	if rc, ok := f.cfg.Store.(store.RelayControl); ok {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.heartbeatLoop(ctx, rc)
+		}()
+	}
 	if !f.cfg.Retention.Keep && !f.cfg.Retention.DeleteOnPublish {
 		wg.Add(1)
 		go func() {

@@ -18,6 +18,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 		{"Consumer", consumerTests[TTx]()},
 		{"Batch", batchTests[TTx]()},
 		{"Idempotency", idempotencyTests[TTx]()},
+		{"Console", consoleTests[TTx]()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {
