@@ -304,6 +304,8 @@ type Console interface {
 	Jobs(ctx context.Context, before int64, limit int) ([]Job, error)
 	// ClaimJob takes the oldest open job whose lease has run out for owner until now+lease.
 	ClaimJob(ctx context.Context, owner string, now time.Time, lease time.Duration) (Job, bool, error)
+	// TakeJob is ClaimJob for one job: the console that created a small job runs it at once.
+	TakeJob(ctx context.Context, id int64, owner string, now time.Time, lease time.Duration) (Job, bool, error)
 	// RenewJob extends the lease and records why the job waits ("" when it moves); ErrLeaseLost
 	// when another runner took it. It returns the job as stored (a cancel request shows there).
 	RenewJob(ctx context.Context, l JobLease, until time.Time, waiting string) (Job, error)

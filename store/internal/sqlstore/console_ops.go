@@ -288,13 +288,17 @@ func (s *Store) Jobs(ctx context.Context, before int64, limit int) ([]store.Job,
 const openStates = `('queued', 'running', 'waiting', 'cancelling')`
 
 func (s *Store) ClaimJob(ctx context.Context, owner string, now time.Time, lease time.Duration) (store.Job, bool, error) {
-	c := s.d.Console()
 	var id int64
-	found, err := dbexec.FirstOf(ctx, s.db, c.render(`SELECT id FROM {{schema}}.console_jobs WHERE state IN `+openStates+`
+	found, err := dbexec.FirstOf(ctx, s.db, s.d.Console().render(`SELECT id FROM {{schema}}.console_jobs WHERE state IN `+openStates+`
 AND (lease_until IS NULL OR lease_until < ?1) ORDER BY id LIMIT 1`), []any{s.d.Time(now)}, &id)
 	if err != nil || !found {
 		return store.Job{}, false, s.d.Classify(err)
 	}
+	return s.TakeJob(ctx, id, owner, now, lease)
+}
+
+func (s *Store) TakeJob(ctx context.Context, id int64, owner string, now time.Time, lease time.Duration) (store.Job, bool, error) {
+	c := s.d.Console()
 	// The lease is taken by a conditional UPDATE: of two consoles that saw the same job free, the
 	// database lets one change the row, and the other's condition then fails.
 	n, err := s.db.Exec(ctx, c.render(`UPDATE {{schema}}.console_jobs

@@ -1,0 +1,437 @@
+package console
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/outboxkit/outboxkit/store"
+)
+
+// cache keeps the figures that would cost a scan on every page — the overview's, the unfiltered
+// failure groups, the side totals — for CacheTTL, read by one request while the others wait for
+// it; and the patterns of failure groups, which never change (a pattern is a function of any of
+// its letters' error).
+type cache struct {
+	h *Handler
+
+	mu       sync.Mutex // one refresh at a time
+	snap     *snapshot
+	groups   map[string]groupsEntry // by side ("" everywhere)
+	schemaAt time.Time
+	schema   int
+	newest   int
+	schemaE  error
+	prev     map[string]store.RelayBeat // the previous sample of each relay, for rates
+
+	patMu    sync.Mutex
+	patterns map[string]groupInfo // side/group → pattern
+}
+
+type groupInfo struct {
+	Pattern, EventType, Example, Topic string
+}
+
+type groupsEntry struct {
+	at     time.Time
+	groups []store.GroupCount
+}
+
+// snapshot is what the overview and the tabs read.
+type snapshot struct {
+	at            time.Time
+	totals        []store.SideTotal
+	backlog       []store.TopicBacklog
+	backlogCapped bool
+	processed     []store.ConsumerCount
+	parked        map[string]int64
+	relays        []store.RelayBeat
+	pauses        []store.Pause
+	rates         map[string]float64 // relay owner → rows a second
+	topicRates    map[string]float64 // topic → rows a second
+	groups        []store.GroupCount
+	lag           map[[2]string]lagResult // (consumer, topic)
+}
+
+type lagResult struct {
+	lag Lag
+	err error
+}
+
+func newCache(h *Handler) *cache {
+	return &cache{h: h, groups: map[string]groupsEntry{}, prev: map[string]store.RelayBeat{}, patterns: map[string]groupInfo{}}
+}
+
+// invalidate makes the next read refresh: after an action, the person sees its effect.
+func (c *cache) invalidate() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.snap = nil
+	c.groups = map[string]groupsEntry{}
+}
+
+// schemaState reads (every 5 seconds at most) the version the tables are at.
+func (c *cache) schemaState(ctx context.Context) (current, newest int, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if time.Since(c.schemaAt) < 5*time.Second && c.schemaE == nil && c.schema > 0 {
+		return c.schema, c.newest, nil
+	}
+	c.schema, c.newest, c.schemaE = c.h.con.SchemaVersion(ctx)
+	c.schemaAt = time.Now()
+	return c.schema, c.newest, c.schemaE
+}
+
+func (c *cache) schemaVersion() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.schema
+}
+
+// schemaProblem says, for a person, why the console cannot work on these tables; "" when it can.
+func (c *cache) schemaProblem(ctx context.Context) string {
+	current, newest, err := c.schemaState(ctx)
+	info := c.h.db.Info()
+	switch {
+	case err != nil:
+		return fmt.Sprintf("Cannot read the schema version of %s %s: %v", info.Name, info.Schema, err)
+	case current == 0:
+		return fmt.Sprintf("%s %s has no outboxkit tables. This console needs schema version %d: run `outboxctl migrate --db URL` (with the same --schema).",
+			info.Name, info.Schema, newest)
+	case current < newest:
+		return fmt.Sprintf("%s %s is at schema version %d; this console needs version %d (its tables and indexes). Run `outboxctl migrate --db URL` — safe while relays and consumers run.",
+			info.Name, info.Schema, current, newest)
+	case current > newest:
+		return fmt.Sprintf("%s %s was migrated by a newer outboxkit (schema version %d); this console knows versions up to %d: upgrade the console.",
+			info.Name, info.Schema, current, newest)
+	}
+	return ""
+}
+
+func (c *cache) read(ctx context.Context) (*snapshot, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.h.cfg.Now()
+	if c.snap != nil && now.Sub(c.snap.at) < c.h.cfg.CacheTTL {
+		return c.snap, nil
+	}
+	con := c.h.con
+	s := &snapshot{at: now, rates: map[string]float64{}, topicRates: map[string]float64{}, lag: map[[2]string]lagResult{}}
+	var err error
+	if s.totals, err = con.DeadLetterTotals(ctx); err != nil {
+		return nil, err
+	}
+	if s.backlog, s.backlogCapped, err = con.TopicBacklog(ctx, c.h.cfg.BacklogHeadRows); err != nil {
+		return nil, err
+	}
+	if s.processed, err = con.ProcessedSince(ctx, now.Add(-time.Minute), 100000); err != nil {
+		return nil, err
+	}
+	if s.parked, err = con.ParkedCounts(ctx); err != nil {
+		return nil, err
+	}
+	if s.relays, err = con.Relays(ctx); err != nil {
+		return nil, err
+	}
+	if s.pauses, err = con.Pauses(ctx); err != nil {
+		return nil, err
+	}
+	if s.groups, err = con.GroupCounts(ctx, store.LetterQuery{}, 0); err != nil {
+		return nil, err
+	}
+	c.groups[""] = groupsEntry{at: now, groups: s.groups}
+	for _, b := range s.relays {
+		prev, ok := c.prev[b.Owner]
+		// Over the last sample, or since the relay started.
+		from, total, byTopic := b.Started, int64(0), map[string]int64{}
+		if ok && b.At.After(prev.At) {
+			from, total, byTopic = prev.At, prev.PublishedTotal, prev.PublishedByTopic
+		}
+		if secs := b.At.Sub(from).Seconds(); secs > 0 && now.Sub(b.At) < time.Minute {
+			s.rates[b.Owner] = float64(b.PublishedTotal-total) / secs
+			for t, n := range b.PublishedByTopic {
+				s.topicRates[t] += float64(n-byTopic[t]) / secs
+			}
+		}
+		if !ok || b.At.After(prev.At) {
+			c.prev[b.Owner] = b
+		}
+	}
+	if c.h.cfg.Lag != nil {
+		var (
+			wg sync.WaitGroup
+			mu sync.Mutex
+		)
+		for consumer, topics := range c.h.cfg.Consumers {
+			for _, topic := range topics {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					lctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+					defer cancel()
+					l, err := c.h.cfg.Lag(lctx, topic, consumer)
+					mu.Lock()
+					s.lag[[2]string{consumer, topic}] = lagResult{l, err}
+					mu.Unlock()
+				}()
+			}
+		}
+		wg.Wait()
+	}
+	c.snap = s
+	return s, nil
+}
+
+// groupCounts is the failure groups of q: cached for a selection by side alone, read otherwise.
+func (c *cache) groupCounts(ctx context.Context, q store.LetterQuery) ([]store.GroupCount, string, error) {
+	plain := store.LetterQuery{Side: q.Side}
+	bySide := q.Side != "" && q.Side != store.SideConsumers
+	if !q.Unindexed() && q.PartitionKey == "" && q.From.IsZero() && q.Until.IsZero() && len(q.IDs) == 0 && !q.Archived {
+		now := c.h.cfg.Now()
+		c.mu.Lock()
+		e, ok := c.groups[q.Side]
+		c.mu.Unlock()
+		if !ok || now.Sub(e.at) >= c.h.cfg.CacheTTL {
+			g, err := c.h.con.GroupCounts(ctx, plain, 0)
+			if err != nil {
+				return nil, "", err
+			}
+			e = groupsEntry{at: now, groups: g}
+			c.mu.Lock()
+			c.groups[q.Side] = e
+			c.mu.Unlock()
+		}
+		out := e.groups
+		if q.ByGroup || bySide {
+			out = nil
+			for _, g := range e.groups {
+				if (!q.ByGroup || g.FailureGroup == q.FailureGroup) && (!bySide || g.Side == q.Side) {
+					out = append(out, g)
+				}
+			}
+		}
+		return out, fmt.Sprintf("counted %s, refreshed every %s", agoText(now.Sub(e.at)), human(c.h.cfg.CacheTTL)), nil
+	}
+	g, err := c.h.con.GroupCounts(ctx, q, c.h.cfg.ScanLimit)
+	note := "exact counts for this filter"
+	if q.Unindexed() {
+		note = fmt.Sprintf("among the %s newest letters of this selection", commas(int64(c.h.cfg.ScanLimit)))
+	}
+	return g, note, err
+}
+
+// group returns what names a failure group: its pattern, event type and an example error.
+func (c *cache) group(ctx context.Context, side string, id int64) groupInfo {
+	key := fmt.Sprintf("%s/%d", side, id)
+	c.patMu.Lock()
+	gi, ok := c.patterns[key]
+	c.patMu.Unlock()
+	if ok {
+		return gi
+	}
+	if id == 0 {
+		return groupInfo{Pattern: "not grouped yet (stored before the console's migration; grouped within a minute)"}
+	}
+	l, err := c.h.con.GroupExample(ctx, side, id)
+	if errors.Is(err, store.ErrNoLetter) {
+		return groupInfo{Pattern: "(no letter of this group is left)"}
+	}
+	if err != nil {
+		return groupInfo{Pattern: "(cannot read this group: " + err.Error() + ")"}
+	}
+	gi = groupInfo{Pattern: store.NormalizeError(l.Reason), EventType: l.EventType, Example: firstLine(l.Reason), Topic: l.Topic}
+	c.patMu.Lock()
+	if len(c.patterns) < 100000 {
+		c.patterns[key] = gi
+	}
+	c.patMu.Unlock()
+	return gi
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		s = s[:i]
+	}
+	if len(s) > 300 {
+		s = s[:300] + "…"
+	}
+	return s
+}
+
+// buildOverview turns a snapshot into the overview page: a verdict, then what needs attention
+// most first.
+func (h *Handler) buildOverview(ctx context.Context, s *snapshot) overview {
+	now := h.cfg.Now()
+	ov := overview{CountedAt: s.at, BacklogHeadRows: h.cfg.BacklogHeadRows, PendingCapped: s.backlogCapped}
+	paused := map[string]*pause{}
+	relayPaused := map[string]*pause{}
+	for _, p := range s.pauses {
+		pp := &pause{By: p.By, At: p.At, Reason: p.Reason}
+		for _, r := range s.relays {
+			if !r.PausesSeen.Before(p.At) && now.Sub(r.At) < relayGone {
+				pp.AckedBy = append(pp.AckedBy, r.Name+" ("+r.Host+")")
+			}
+		}
+		if len(pp.AckedBy) == 0 {
+			pp.AckedBy = []string{"no relay yet (acknowledged at its next heartbeat)"}
+		}
+		if p.Scope == store.PauseTopic {
+			paused[p.Name] = pp
+		} else {
+			relayPaused[p.Name] = pp
+		}
+	}
+	topics := map[string]*topicRow{}
+	topic := func(name string) *topicRow {
+		if t, ok := topics[name]; ok {
+			return t
+		}
+		t := &topicRow{Topic: name, Paused: paused[name]}
+		topics[name] = t
+		return t
+	}
+	var oldestLive time.Duration
+	for _, b := range s.backlog {
+		t := topic(b.Topic)
+		t.Pending, t.PendingCapped = b.Pending, s.backlogCapped
+		t.OldestPending = max(0, now.Sub(b.OldestCreated))
+		ov.Pending += b.Pending
+		ov.OldestPending = max(ov.OldestPending, t.OldestPending)
+		if t.Paused == nil {
+			oldestLive = max(oldestLive, t.OldestPending)
+		}
+	}
+	for name := range paused {
+		topic(name)
+	}
+	for t, r := range s.topicRates {
+		topic(t).PublishRate = r
+	}
+	consumers := map[string]*consumerRow{}
+	consumer := func(name string) *consumerRow {
+		if c, ok := consumers[name]; ok {
+			return c
+		}
+		c := &consumerRow{Consumer: name, Topics: strings.Join(h.cfg.Consumers[name], ", ")}
+		consumers[name] = c
+		return c
+	}
+	for name := range h.cfg.Consumers {
+		consumer(name)
+	}
+	var oldestDead time.Duration
+	for _, t := range s.totals {
+		age := time.Duration(0)
+		if !t.Oldest.IsZero() {
+			age = max(0, now.Sub(t.Oldest))
+		}
+		if t.Side == store.SideOutbox {
+			topic(t.Topic).DeadLetters += t.Count
+			ov.OutboxDead += t.Count
+			continue
+		}
+		c := consumer(t.Side)
+		c.DeadLetters, c.OldestDead = t.Count, age
+		ov.ConsumerDead += t.Count
+		oldestDead = max(oldestDead, age)
+	}
+	ov.OldestDead = oldestDead
+	for _, p := range s.processed {
+		consumer(p.Consumer).ProcessedRate = float64(p.Count)
+	}
+	for name, n := range s.parked {
+		consumer(name).Parked = n
+	}
+	for key, l := range s.lag {
+		c := consumer(key[0])
+		if l.err != nil {
+			continue
+		}
+		c.HasLag = true
+		c.Waiting += l.lag.Waiting
+		if l.lag.HasUnacked {
+			c.HasUnacked, c.Unacked = true, c.Unacked+l.lag.Unacked
+		}
+		if l.lag.HasAge {
+			c.BrokerOldest = max(c.BrokerOldest, l.lag.OldestAge)
+		}
+	}
+	liveRelays := 0
+	for _, b := range s.relays {
+		r := relayRow{Name: b.Name, Instance: fmt.Sprintf("%s · pid %d", b.Host, b.PID), Heartbeat: now.Sub(b.At), Paused: relayPaused[b.Name],
+			Gone: now.Sub(b.At) > relayGone}
+		if !b.LastPass.IsZero() {
+			r.LastPass = now.Sub(b.LastPass)
+		}
+		if !b.LastPublish.IsZero() {
+			r.LastPublish = now.Sub(b.LastPublish)
+		}
+		if !b.CircuitOpenSince.IsZero() {
+			r.CircuitOpen, r.CircuitFor = true, now.Sub(b.CircuitOpenSince)
+		}
+		if !r.Gone {
+			liveRelays++
+			ov.PublishRate += s.rates[b.Owner]
+		}
+		ov.Relays = append(ov.Relays, r)
+		if r.CircuitOpen && !r.Gone && r.CircuitFor > time.Minute {
+			ov.Problems = append(ov.Problems, problem{Severity: sevBad, Subject: "Relay " + b.Name,
+				Text: fmt.Sprintf("cannot reach the broker for %s. Its rows wait; no attempt is counted.", human(r.CircuitFor)), Link: "/#relays", Action: "Relays"})
+		}
+	}
+	for _, t := range topics {
+		ov.Topics = append(ov.Topics, *t)
+	}
+	sort.Slice(ov.Topics, func(i, j int) bool { return ov.Topics[i].Topic < ov.Topics[j].Topic })
+	for _, c := range consumers {
+		ov.Consumers = append(ov.Consumers, *c)
+	}
+	sort.Slice(ov.Consumers, func(i, j int) bool { return ov.Consumers[i].Consumer < ov.Consumers[j].Consumer })
+
+	// Problems: what to act on first, then what to watch; each names its subject first.
+	for _, c := range ov.Consumers {
+		if c.DeadLetters > 0 {
+			ov.Problems = append(ov.Problems, problem{Severity: sevBad, Subject: c.Consumer,
+				Text: fmt.Sprintf("has %s %s waiting; the oldest for %s.", commas(c.DeadLetters), plural(int(min(c.DeadLetters, 2)), "dead letter", "dead letters"), human(c.OldestDead)),
+				Link: "/letters?side=" + c.Consumer, Action: "See failure groups"})
+		}
+	}
+	if ov.OutboxDead > 0 {
+		ov.Problems = append(ov.Problems, problem{Severity: sevBad, Subject: "The outbox",
+			Text: fmt.Sprintf("has %s %s the broker refused.", commas(ov.OutboxDead), plural(int(min(ov.OutboxDead, 2)), "dead letter", "dead letters")),
+			Link: "/letters?side=outbox", Action: "See failure groups"})
+	}
+	if ov.Pending > 0 && liveRelays == 0 {
+		ov.Problems = append(ov.Problems, problem{Severity: sevBad, Subject: "No relay",
+			Text: fmt.Sprintf("has reported in the last %s while %s rows wait to be published.", human(relayGone), commas(ov.Pending)), Link: "/#relays", Action: "Relays"})
+	} else if oldestLive > 5*time.Minute {
+		ov.Problems = append(ov.Problems, problem{Severity: sevBad, Subject: "The outbox",
+			Text: fmt.Sprintf("holds a row waiting to be published for %s.", human(oldestLive)), Link: "/#topics", Action: "Topics"})
+	}
+	for _, c := range ov.Consumers {
+		if c.HasLag && c.BrokerOldest > time.Minute {
+			ov.Problems = append(ov.Problems, problem{Severity: sevWarn, Subject: c.Consumer,
+				Text: fmt.Sprintf("is %s messages behind in the broker; the oldest waits %s.", commas(c.Waiting), human(c.BrokerOldest)), Link: "/#consumers", Action: "Consumers"})
+		}
+	}
+	for _, t := range ov.Topics {
+		if t.Paused != nil {
+			ov.Problems = append(ov.Problems, problem{Severity: sevWarn, Subject: t.Topic,
+				Text: fmt.Sprintf("is paused by %s since %s: %s rows wait.", t.Paused.By, agoText(now.Sub(t.Paused.At)), commas(t.Pending)), Link: "/#topics", Action: "Topics"})
+		}
+	}
+	for name, p := range relayPaused {
+		ov.Problems = append(ov.Problems, problem{Severity: sevWarn, Subject: "Relay " + name,
+			Text: fmt.Sprintf("is paused by %s since %s: it publishes nothing.", p.By, agoText(now.Sub(p.At))), Link: "/#relays", Action: "Relays"})
+	}
+	sort.SliceStable(ov.Problems, func(i, j int) bool { return ov.Problems[i].Severity > ov.Problems[j].Severity })
+	ov.TopGroups = h.groupRows(ctx, s.groups, 4)
+	return ov
+}
+
+// relayGone is how long a relay may go without a heartbeat before the console calls it gone.
+const relayGone = 15 * time.Second
