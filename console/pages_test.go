@@ -62,8 +62,10 @@ func openStore(t testing.TB) *sqlitestore.Store {
 // refusing is a broker that refuses every message.
 type refusing struct{}
 
-func (refusing) Publish(string, ...*message.Message) error { return errors.New("broker refused the message: too large") }
-func (refusing) Close() error                              { return nil }
+func (refusing) Publish(string, ...*message.Message) error {
+	return errors.New("broker refused the message: too large")
+}
+func (refusing) Close() error { return nil }
 
 // seed fills s as an incident would: billing refuses a customer (a group of 12), a payload no
 // consumer decodes (on every consumer), a non-UTF-8 payload, a huge one, and 3 outbox rows the

@@ -130,7 +130,9 @@ func ArtifactDir(t testing.TB) string {
 	return dir
 }
 
-func (b *Tab) step() (context.Context, context.CancelFunc) { return context.WithTimeout(b.Ctx, 20*time.Second) }
+func (b *Tab) step() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(b.Ctx, 20*time.Second)
+}
 
 // Do runs steps, failing the test on error.
 func (b *Tab) Do(steps ...chromedp.Action[chromedp.Void]) {
