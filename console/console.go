@@ -226,7 +226,7 @@ func (c Config) validate() (store.Console, error) {
 	var con store.Console
 	if c.Store == nil {
 		errs = append(errs, errors.New("field Store is required: pass the store of the database holding outboxkit's tables"))
-	} else if s, ok := c.Store.(store.Console); ok {
+	} else if s, ok := store.ConsoleOf(c.Store); ok {
 		con = s
 	} else {
 		errs = append(errs, fmt.Errorf("field Store: %T does not implement store.Console (every driver of this module does)", c.Store))

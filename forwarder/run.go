@@ -60,7 +60,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 			})
 		}()
 	}
-	if rc, ok := f.cfg.Store.(store.RelayControl); ok {
+	if rc, ok := store.RelayControlOf(f.cfg.Store); ok {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

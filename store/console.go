@@ -340,3 +340,22 @@ var ErrNoJob = errors.New("no such job")
 
 // ErrLeaseLost: another runner took the job (this one stalled past its lease); nothing was written.
 var ErrLeaseLost = errors.New("the job's lease was taken by another console: this runner stops")
+
+// ConsoleOf returns the console's view of s: s itself, or the driver under a DB that Open
+// returned. ok is false for a store whose driver does not implement Console.
+func ConsoleOf(s Store) (Console, bool) {
+	if d, ok := s.(*DB); ok {
+		s = d.Driver
+	}
+	c, ok := s.(Console)
+	return c, ok
+}
+
+// RelayControlOf is ConsoleOf for RelayControl, which a relay uses.
+func RelayControlOf(s Store) (RelayControl, bool) {
+	if d, ok := s.(*DB); ok {
+		s = d.Driver
+	}
+	c, ok := s.(RelayControl)
+	return c, ok
+}

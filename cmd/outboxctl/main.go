@@ -1,6 +1,6 @@
 // Command outboxctl operates an outboxkit database — Postgres, MySQL/MariaDB or SQLite:
-// migrations, backlog status, dead letters on both sides (the outbox's and each consumer's), replay
-// and pruning.
+// migrations, backlog status, dead letters on both sides (the outbox's and each consumer's), replay,
+// pruning, and the operator console in a browser.
 //
 //	outboxctl [--db URL] [--schema NAME] COMMAND [flags]
 //
@@ -37,6 +37,10 @@ Commands:
   inbox dead show ID            one dead-lettered message, payload included
   inbox dead replay [filters]   re-publish dead-lettered messages to their topics (needs --broker)
   prune                         delete outbox rows published past their retention, inbox rows past the dedup window
+  console [--addr 127.0.0.1:8089] [--broker URL] [--prefix /console] [--basic-auth-file FILE] [--hide-payloads]
+                                the operator console in a browser: what is stuck, failure groups, replay and archive
+                                as jobs, pauses, audit. Sign-in tokens from OUTBOXKIT_CONSOLE_TOKENS
+                                (name:role:secret,…); without any, it serves this machine only
 
 Global flags:
   --db URL        database URL (env OUTBOXKIT_DATABASE_URL): postgres://user@host:5432/db,
@@ -107,6 +111,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return env.status(ctx, sub)
 	case "prune":
 		return env.prune(ctx, sub)
+	case "console":
+		return env.consoleCmd(ctx, sub)
 	case "outbox", "inbox":
 		if len(sub) < 2 || sub[0] != "dead" {
 			return usagef("%s takes: dead list|show|replay", cmd)
