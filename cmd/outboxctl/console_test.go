@@ -62,7 +62,9 @@ func TestConsoleServesThisMachine(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var out syncBuffer
 	done := make(chan int, 1)
-	go func() { done <- run(ctx, []string{"--db", url, "console", "--addr", "127.0.0.1:0", "--prefix", "/console"}, &out, io.Discard) }()
+	go func() {
+		done <- run(ctx, []string{"--db", url, "console", "--addr", "127.0.0.1:0", "--prefix", "/console"}, &out, io.Discard)
+	}()
 	addr := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+/console)/`)
 	var base string
 	for deadline := time.Now().Add(10 * time.Second); base == ""; time.Sleep(10 * time.Millisecond) {
