@@ -328,6 +328,11 @@ func (h *Handler) lettersPage(w http.ResponseWriter, r *http.Request, id Identit
 	} else {
 		lp.Groups = h.groupRows(ctx, groups, 0)
 	}
+	for _, g := range snap.groups { // every event type that has a waiting letter
+		if et := h.cache.group(ctx, g.Side, g.FailureGroup).EventType; et != "" {
+			typeSet[et] = true
+		}
+	}
 	for t := range topicSet {
 		lp.Topics = append(lp.Topics, t)
 	}
@@ -357,9 +362,12 @@ func (h *Handler) lettersPage(w http.ResponseWriter, r *http.Request, id Identit
 	for _, l := range page.Letters {
 		lp.Letters = append(lp.Letters, h.letterRow(l))
 	}
-	if q.Unindexed() {
+	switch {
+	case q.Unindexed() && before == "" && page.Next.IsZero() && !page.ScanStopped:
+		lp.Total = int64(len(page.Letters)) // the whole selection is on this page
+	case q.Unindexed():
 		lp.Total = -1 // a count would read every letter of the selection: the preview counts
-	} else {
+	default:
 		lp.Total, lp.TotalCap, err = h.con.CountDeadLetters(ctx, q, h.cfg.CountCap)
 		if err != nil {
 			h.failed(w, r, "count the dead letters", err)

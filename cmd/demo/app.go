@@ -191,6 +191,18 @@ func run(ctx context.Context, o options) error {
 		mux.HandleFunc("GET /orders/{id}", orders.get)
 		mux.Handle("POST /gateway/charges", gateway)
 	}
+	if o.console {
+		h, err := newConsole(ctx, db, broker, topic)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_ = h.Stop(sctx)
+		}()
+		mux.Handle("/console/", h)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, 200, map[string]string{"status": "ok"}) })
 	mux.HandleFunc("GET /readyz", readiness(db, control, o.readyMaxAge))
@@ -212,6 +224,12 @@ func run(ctx context.Context, o options) error {
 		_ = srv.Shutdown(sctx)
 	}()
 	fmt.Printf("outboxkit demo on %s — POST /orders, POST /orders/{id}/cancel, GET /orders/{id}, /metrics, /healthz, /readyz; payment gateway POST /gateway/charges\n", base)
+	if o.console {
+		fmt.Printf("operator console on %s/console/\n", base)
+	}
+	if o.ready != nil {
+		o.ready(base)
+	}
 	fmt.Printf("%s %s at version %d; broker %s; consumers %s\n", db.Info().Name, db.Info().Schema, res.Version, redact(o.brokerURL),
 		strings.Join([]string{consumerNames[0].name, consumerNames[1].name, consumerNames[2].name}, ", "))
 	printFaults(o)

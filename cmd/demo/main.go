@@ -19,6 +19,7 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -51,6 +52,27 @@ type options struct {
 	crashAfterCharge  int64
 	rejectCustomer    string
 	noInbox           bool
+
+	// console mounts the operator console at /console (OUTBOXKIT_CONSOLE_TOKENS signs people in;
+	// without tokens it serves this machine only).
+	console bool
+	// live holds the faults that can be switched while the demo runs (a test "fixes the bug").
+	live *liveFaults
+	// ready, when set, is called with the demo's base URL once it serves (tests).
+	ready func(base string)
+}
+
+// liveFaults are fault switches read at each message, so they can change while the demo runs.
+type liveFaults struct {
+	rejectCustomer atomic.Pointer[string]
+}
+
+func (f *liveFaults) rejected(customer string) bool {
+	if f == nil {
+		return false
+	}
+	r := f.rejectCustomer.Load()
+	return r != nil && *r != "" && *r == customer
 }
 
 // defaultDB and defaultBroker need no server.
@@ -92,9 +114,12 @@ func main() {
 		"gateway, before its invoice commits: restarted, Billing charges again with the same Idempotency-Key and the gateway charges once (needs a durable broker)")
 	flag.StringVar(&o.rejectCustomer, "reject-customer", "", "make Billing refuse orders of this customer as permanently invalid: "+
 		"they are dead-lettered; restart without it and replay them with outboxctl")
+	flag.BoolVar(&o.console, "console", true, "mount the operator console at /console (sign-in tokens from OUTBOXKIT_CONSOLE_TOKENS; without any, this machine only)")
 	flag.BoolVar(&o.noInbox, "no-inbox", false, "run the consumers WITHOUT their inbox (and order guard), to show what it prevents: "+
 		"redelivered events are applied again, and the effects table shows it")
 	flag.Parse()
+	o.live = &liveFaults{}
+	o.live.rejectCustomer.Store(&o.rejectCustomer)
 	if *consumers != "" {
 		o.only = strings.Split(*consumers, ",")
 	}
