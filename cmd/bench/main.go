@@ -2,7 +2,7 @@
 // against the local Postgres and RabbitMQ. Every figure is the median of several repetitions;
 // every comparison is a ratio of two figures measured in the same round.
 //
-//	go run ./cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|idle|all] [--reps 3]
+//	go run ./cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|idle|console|all] [--reps 3]
 //	                   [--store postgres|mysql|sqlite] (the drain and write scenarios' store)
 //	                   [--json bench-results/bench.json] [--compare an-earlier-run.json]
 package main
@@ -43,6 +43,12 @@ type config struct {
 	claimPending     int
 	claimSamples     int
 	claimHistory     []int
+
+	consoleOutbox, consoleDead int
+	consoleReuse               bool
+	consoleSamples             int
+	consoleBudget              time.Duration
+	consoleReplay, consoleRate int
 }
 
 func main() {
@@ -76,6 +82,13 @@ func main() {
 	flag.IntVar(&c.consumerEvents, "consumer-events", 5000, "messages preloaded for each consumer measurement")
 	flag.StringVar(&c.consumerKinds, "consumer-kinds", "", "the consumers --scenario consumer measures, comma-separated: "+
 		"stock, plain, inbox-only, inbox (also over key shards), guarded, plain-batched, batched (also over key shards); empty: all")
+	flag.IntVar(&c.consoleOutbox, "console-outbox", 10000000, "outbox rows the console scenario builds (3% dead letters, 4% pending)")
+	flag.IntVar(&c.consoleDead, "console-dead", 1000000, "consumers' dead letters the console scenario builds")
+	flag.BoolVar(&c.consoleReuse, "console-reuse", false, "keep the console scenario's tables when an earlier run built them at this size")
+	flag.IntVar(&c.consoleSamples, "console-samples", 200, "requests timed per console page")
+	flag.DurationVar(&c.consoleBudget, "console-budget", 300*time.Millisecond, "the p95 a console page must keep under (the run fails otherwise)")
+	flag.IntVar(&c.consoleReplay, "console-replay", 100000, "outbox letters the console scenario replays under load (0: none)")
+	flag.IntVar(&c.consoleRate, "console-rate", 2000, "the rate of that replay, letters a second")
 	flag.Parse()
 	for _, f := range strings.Split(*history, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
@@ -102,7 +115,7 @@ func run(ctx context.Context, c config) error {
 	var results []series
 	ran := false
 	for _, sc := range scenarios {
-		if c.scenario != sc.name && (c.scenario != "all" || sc.name == "e2e-max") { // e2e runs the search too
+		if c.scenario != sc.name && (c.scenario != "all" || sc.name == "e2e-max" || sc.name == "console") { // e2e runs the search too; console builds 10 M rows
 			continue
 		}
 		ran = true
@@ -152,6 +165,7 @@ var scenarios = []struct {
 	{"claim", benchClaim},
 	{"backends", benchBackends},
 	{"idle", benchIdle},
+	{"console", benchConsole},
 }
 
 var scenarioNames = func() []string {
