@@ -13,12 +13,14 @@ SERVICE_ENV = OUTBOXKIT_TEST_POSTGRES_URL='$(PG_URL)' OUTBOXKIT_TEST_AMQP_URL='$
 	OUTBOXKIT_TEST_NATS_URL='$(NATS_URL)' OUTBOXKIT_TEST_REDIS_URL='$(REDIS_URL)' \
 	OUTBOXKIT_TEST_KAFKA_URL='$(KAFKA_URL)' OUTBOXKIT_TEST_MYSQL_URL='$(MYSQL_URL)' OUTBOXKIT_REQUIRE_SERVICES=1
 
-.PHONY: all test test-unit demo bench chaos chaos-all lint alerts services tools tidy
+.PHONY: all test test-unit demo bench chaos chaos-all lint alerts services tools browser tidy
 
 all: lint test
 
-## test: everything — unit and integration tests against the local services, with the race detector.
-test: services tools
+## test: everything — unit and integration tests against the local services, with the race detector,
+## and the console's pages in headless Chromium (installed by scripts/browser.sh; screenshots in
+## .cache/screens/).
+test: services tools browser
 	$(SERVICE_ENV) $(GO) test -race -count=1 -timeout 20m $(PKGS)
 
 ## test-unit: the tests that need no service (the others skip, naming the variable they need).
@@ -35,6 +37,8 @@ demo:
 	$(GO) run ./cmd/demo $(DEMO_ARGS)
 
 ## bench: write path, drain, end to end, consumer, scale and claim cost, beside stock Watermill.
+## BENCH_ARGS="--scenario console [--store sqlite]" builds 10 M outbox rows and 1 M dead letters
+## and times the console's pages.
 bench: services
 	$(GO) run ./cmd/bench $(BENCH_ARGS)
 
@@ -66,6 +70,10 @@ alerts:
 
 services:
 	@scripts/services.sh
+
+## browser: the headless Chromium the console's browser tests drive (Debian's chromium; idempotent).
+browser:
+	@scripts/browser.sh
 
 ## tools: the clients outboxkit does not control that the interoperability tests drive (kcat, amqplib).
 tools:
