@@ -66,6 +66,7 @@ var allowed = map[string][]string{
 	"backends/postgresbackend": {"watermill-sql", "pgx", "lib/pq"}, // watermill-sql imports both drivers
 	"prom":                     {"prometheus", "net/http"},         // the client's own
 	"idempotency":              {"net/http"},
+	"console":                  {"net/http"}, // a handler: net/http and its own templates, no store or broker client
 }
 
 func TestEachPackageCompilesOnlyItsOwnClient(t *testing.T) {
