@@ -274,17 +274,7 @@ func (h *Handler) jobView(r *http.Request, j store.Job) job {
 		v.LastError = strings.TrimSpace(fmt.Sprintf("cancelled by %s %s. %s", j.CancelBy, agoText(now.Sub(j.CancelAt)), v.LastError))
 	}
 	f := j.Filter
-	ff := filter{Side: f.Side, Topic: f.Topic, EventType: f.EventType, PartitionKey: f.PartitionKey, ErrorText: f.ErrorContains}
-	if f.ByGroup {
-		ff.Group = strconv.FormatInt(f.FailureGroup, 10)
-	}
-	if !f.From.IsZero() {
-		ff.From = f.From.UTC().Format("2006-01-02 15:04:05")
-	}
-	if !f.Until.IsZero() {
-		ff.Until = f.Until.UTC().Format("2006-01-02 15:04:05")
-	}
-	v.Chips = h.chips(r.Context(), ff, false)
+	v.Chips = h.chips(r.Context(), filterOf(f), false)
 	if len(f.IDs) > 0 {
 		v.Chips = append(v.Chips, chip{Label: "selected", Value: fmt.Sprintf("%d %s", len(f.IDs), plural(len(f.IDs), "letter", "letters"))})
 	}
@@ -340,4 +330,19 @@ func (h *Handler) cancelJob(w http.ResponseWriter, r *http.Request, id Identity)
 	h.audit(r, id, store.AuditEntry{Action: "cancel job", JobID: n}, text, true)
 	h.wakeRunner()
 	redirectFlash(w, r, fmt.Sprintf("%s/jobs/%d", h.cfg.Prefix, n), text, ok)
+}
+
+// filterOf is a job's selection as the list's filter shows it.
+func filterOf(f store.LetterQuery) filter {
+	ff := filter{Side: f.Side, Topic: f.Topic, EventType: f.EventType, PartitionKey: f.PartitionKey, ErrorText: f.ErrorContains}
+	if f.ByGroup {
+		ff.Group = strconv.FormatInt(f.FailureGroup, 10)
+	}
+	if !f.From.IsZero() {
+		ff.From = f.From.UTC().Format("2006-01-02 15:04:05")
+	}
+	if !f.Until.IsZero() {
+		ff.Until = f.Until.UTC().Format("2006-01-02 15:04:05")
+	}
+	return ff
 }
