@@ -141,7 +141,7 @@ func (h *Handler) finish(ctx context.Context, l store.JobLease, j store.Job, sta
 	if len(done.Filter.IDs) == 0 { // a selection's job is audited by its request
 		verb := map[string]string{store.JobReplay: "replayed", store.JobArchive: "archived"}[done.Kind]
 		_ = h.con.Audit(context.WithoutCancel(ctx), store.AuditEntry{At: h.cfg.Now(), Actor: done.CreatedBy, Role: "job", Action: done.Kind + " " + state,
-			Filter: filterQuery(filterOf(done.Filter)).Encode(),
+			Filter:  filterQuery(filterOf(done.Filter)).Encode(),
 			Matched: done.Total, Affected: done.Applied, JobID: done.ID, OK: state != store.JobFailed,
 			Result: fmt.Sprintf("job #%d %s: %d %s, %d skipped (already replayed or archived), %d failed%s", done.ID, state, done.Applied, verb,
 				done.Skipped, done.Failed, map[bool]string{true: ": " + lastError}[lastError != ""])})
