@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxkit/outboxkit/internal/logs"
+	"github.com/outboxkit/outboxkit/internal/schemes"
 	"github.com/outboxkit/outboxkit/internal/urls"
 )
 
@@ -124,55 +125,27 @@ type Parts struct {
 // with Logger set.
 type Opener func(ctx context.Context, rawURL string, opts Options) (Parts, error)
 
-type registration struct {
-	open    Opener
-	example string
+var registry = schemes.Registry[Opener]{
+	What: "broker",
+	Packages: map[string]string{
+		"amqp": "backends/amqpbackend", "amqps": "backends/amqpbackend", "kafka": "backends/kafkabackend",
+		"nats": "backends/natsbackend", "tls": "backends/natsbackend", "redis": "backends/redisbackend",
+		"rediss": "backends/redisbackend", "postgres": "backends/postgresbackend", "postgresql": "backends/postgresbackend",
+		"memory": "backends/memorybackend",
+	},
+	All: "backends/allbackends",
 }
-
-var (
-	openersMu sync.RWMutex
-	openers   = map[string]registration{}
-)
 
 // Register makes a broker package's Opener available to Open for URLs of the given schemes;
 // example shows the URL form in errors. Broker packages call it from init, as database/sql drivers
 // do: a program opens by URL only the brokers it imports (backends/allbackends imports every one).
 // It panics when a scheme is registered twice.
 func Register(open Opener, example string, schemes ...string) {
-	openersMu.Lock()
-	defer openersMu.Unlock()
-	for _, s := range schemes {
-		if _, dup := openers[s]; dup {
-			panic("backends: Register called twice for scheme " + s)
-		}
-		openers[s] = registration{open: open, example: example}
-	}
-}
-
-// knownSchemes name the package of each of outboxkit's brokers, for the error of a scheme whose
-// package the program does not import.
-var knownSchemes = map[string]string{
-	"amqp": "amqpbackend", "amqps": "amqpbackend", "kafka": "kafkabackend", "nats": "natsbackend", "tls": "natsbackend",
-	"redis": "redisbackend", "rediss": "redisbackend", "postgres": "postgresbackend", "postgresql": "postgresbackend",
-	"memory": "memorybackend",
+	registry.Register(open, example, schemes...)
 }
 
 // Schemes lists the URL forms of the registered brokers.
-func Schemes() string {
-	openersMu.RLock()
-	defer openersMu.RUnlock()
-	var forms []string
-	for _, r := range openers {
-		if !slices.Contains(forms, r.example) {
-			forms = append(forms, r.example)
-		}
-	}
-	slices.Sort(forms)
-	if len(forms) == 0 {
-		return "none registered: import a broker's package, e.g. _ \"github.com/outboxkit/outboxkit/backends/allbackends\""
-	}
-	return strings.Join(forms, ", ")
-}
+func Schemes() string { return registry.Schemes() }
 
 // NewSubscriber returns a subscriber for one consumer — the consuming service, whose name is also
 // the one the middleware stack's inbox records (StackConfig.Consumer) — reading as the broker's
@@ -225,15 +198,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
 	if _, err := url.Parse(rawURL); err != nil {
 		return nil, fmt.Errorf("broker URL %q is not a valid URL: %w", redact(rawURL), errors.Unwrap(err))
 	}
-	openersMu.RLock()
-	r, found := openers[scheme]
-	openersMu.RUnlock()
-	if !found {
-		if pkg, known := knownSchemes[scheme]; known {
-			return nil, fmt.Errorf("broker URL scheme %q: its package is not linked into this program: "+
-				"import _ \"github.com/outboxkit/outboxkit/backends/%s\" (or backends/allbackends)", scheme, pkg)
-		}
-		return nil, fmt.Errorf("broker URL scheme %q is not supported: use one of %s", scheme, Schemes())
+	open, err := registry.Lookup(scheme)
+	if err != nil {
+		return nil, err
 	}
 	if err := opts.check(scheme); err != nil {
 		return nil, err
@@ -243,7 +210,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
 	if opts.Logger == nil {
 		opts.Logger = logs.Default()
 	}
-	parts, err := r.open(ctx, rawURL, opts)
+	parts, err := open(ctx, rawURL, opts)
 	if err != nil {
 		return nil, fmt.Errorf("open %s broker %s: %w", scheme, redact(rawURL), err)
 	}

@@ -98,4 +98,3 @@ func ExampleNewPublisher_pgx() {
 		log.Fatal(err)
 	}
 }
-

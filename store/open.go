@@ -4,13 +4,12 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/internal/schemes"
 	"github.com/outboxkit/outboxkit/internal/urls"
 )
 
@@ -64,55 +63,25 @@ const DefaultMaxConns = 20
 // Opener opens the store a URL names; OpenOptions arrive checked, with defaults filled in.
 type Opener func(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error)
 
-type registration struct {
-	open Opener
-	// example is the URL form shown in errors.
-	example string
+var registry = schemes.Registry[Opener]{
+	What: "database",
+	Packages: map[string]string{
+		"postgres": "store/pgsqlstore", "postgresql": "store/pgsqlstore",
+		"mysql": "store/mysqlstore", "sqlite": "store/sqlitestore",
+	},
+	All: "store/allstores",
 }
-
-var (
-	openersMu sync.RWMutex
-	openers   = map[string]registration{}
-)
 
 // Register makes a driver's Opener available to Open for URLs of the given schemes; example shows
 // the URL form in errors. Drivers call it from init, as database/sql drivers do: a program opens by
 // URL only the stores it imports (store/allstores imports every one). It panics when a scheme is
 // registered twice.
 func Register(open Opener, example string, schemes ...string) {
-	openersMu.Lock()
-	defer openersMu.Unlock()
-	for _, s := range schemes {
-		if _, dup := openers[s]; dup {
-			panic("store: Register called twice for scheme " + s)
-		}
-		openers[s] = registration{open: open, example: example}
-	}
-}
-
-// knownSchemes are the schemes of outboxkit's own drivers, so that an error can name the package to
-// import for one that is not registered.
-var knownSchemes = map[string]string{
-	"postgres": "store/pgsqlstore", "postgresql": "store/pgsqlstore",
-	"mysql": "store/mysqlstore", "sqlite": "store/sqlitestore",
+	registry.Register(open, example, schemes...)
 }
 
 // Schemes lists the URL forms of the registered drivers.
-func Schemes() string {
-	openersMu.RLock()
-	defer openersMu.RUnlock()
-	var forms []string
-	for _, r := range openers {
-		if !slices.Contains(forms, r.example) {
-			forms = append(forms, r.example)
-		}
-	}
-	slices.Sort(forms)
-	if len(forms) == 0 {
-		return "none registered: import a driver, e.g. _ \"github.com/outboxkit/outboxkit/store/allstores\""
-	}
-	return strings.Join(forms, ", ")
-}
+func Schemes() string { return registry.Schemes() }
 
 // Open connects to the database a URL names (postgres://, mysql://, sqlite://) with the driver
 // registered for its scheme, and returns its store. It checks that the database answers (and is
@@ -129,15 +98,9 @@ func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
 	if opts.MaxConns == 0 {
 		opts.MaxConns = DefaultMaxConns
 	}
-	openersMu.RLock()
-	r, found := openers[scheme]
-	openersMu.RUnlock()
-	if !found {
-		if pkg, known := knownSchemes[scheme]; known {
-			return nil, fmt.Errorf("database URL scheme %q: its driver is not linked into this program: "+
-				"import _ \"github.com/outboxkit/outboxkit/%s\" (or store/allstores)", scheme, pkg)
-		}
-		return nil, fmt.Errorf("database URL scheme %q is not supported: use one of %s", scheme, Schemes())
+	open, err := registry.Lookup(scheme)
+	if err != nil {
+		return nil, err
 	}
 	var wrong []string
 	if opts.SQLDriver != "" && scheme != "postgres" && scheme != "postgresql" {
@@ -151,7 +114,7 @@ func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	return r.open(pctx, rawURL, opts)
+	return open(pctx, rawURL, opts)
 }
 
 // Finish is the end of an Opener for a database/sql handle: it closes db when err is set, checks

@@ -8,11 +8,7 @@ import (
 
 // A program that forgot the driver's import: no driver registered.
 func TestOpenNamesTheDriverToImport(t *testing.T) {
-	openersMu.Lock()
-	saved := openers
-	openers = map[string]registration{}
-	openersMu.Unlock()
-	t.Cleanup(func() { openersMu.Lock(); openers = saved; openersMu.Unlock() })
+	t.Cleanup(registry.Swap())
 	_, err := Open(context.Background(), "mysql://root@127.0.0.1:3306/test", OpenOptions{})
 	if err == nil || !strings.Contains(err.Error(), `import _ "github.com/outboxkit/outboxkit/store/mysqlstore"`) {
 		t.Fatalf("got %v, want an error naming the package to import", err)

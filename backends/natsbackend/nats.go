@@ -399,6 +399,11 @@ func (p *natsPublisher) Publish(topic string, msgs ...*message.Message) error {
 	if err != nil {
 		return err
 	}
+	if nc := js.Conn(); !nc.IsConnected() {
+		// Waiting for the reconnect would hold the relay's pass for its whole deadline with its
+		// circuit still closed; failing now opens it, and the relay probes.
+		return outboxkit.Unreachable(fmt.Errorf("publish to %s: not connected to NATS (%v): %w", topic, nc.Status(), nats.ErrDisconnected))
+	}
 	p.mu.Lock()
 	done := p.ensured[topic]
 	p.mu.Unlock()
@@ -430,11 +435,6 @@ func (p *natsPublisher) Publish(topic string, msgs ...*message.Message) error {
 				nm.Header.Set(brokerio.CEPrefixNATS+name, v)
 			}
 		}
-		if nc := js.Conn(); !nc.IsConnected() {
-			// Waiting for the reconnect would hold the relay's pass for its whole deadline with its
-			// circuit still closed; failing now opens it, and the relay probes.
-			return outboxkit.Unreachable(fmt.Errorf("publish %s to %s: not connected to NATS (%v): %w", m.UUID, topic, nc.Status(), nats.ErrDisconnected))
-		}
 		ack, err := js.PublishMsg(m.Context(), nm)
 		if err != nil {
 			return classifyNATS(fmt.Errorf("publish %s to %s: %w", m.UUID, topic, err))
@@ -458,9 +458,11 @@ func (p *natsPublisher) Check(ctx context.Context) error {
 	nc := js.Conn()
 	for !nc.IsConnected() {
 		if last := nc.LastError(); last != nil {
+			// The connection was tried and failed: refused credentials, or a server not there.
 			if err := classifyNATS(last); outboxkit.IsAccessDenied(err) {
 				return err
 			}
+			return outboxkit.Unreachable(fmt.Errorf("not connected to NATS (%v): %w", nc.Status(), last))
 		}
 		select {
 		case <-ctx.Done():

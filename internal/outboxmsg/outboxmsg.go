@@ -44,21 +44,33 @@ func Rows(topic string, msgs []*message.Message) ([]store.OutboxMessage, error) 
 		return nil, err
 	}
 	out := make([]store.OutboxMessage, len(msgs))
-	var seen map[string]int // only for calls of several messages
+	var seen map[string]int // for long calls; short ones compare in place, without allocating
 	for i, msg := range msgs {
 		row, err := toRow(i, topic, msg)
 		if err != nil {
 			return nil, err
 		}
-		if len(msgs) > 1 {
+		first := -1
+		switch {
+		case len(msgs) <= 16:
+			for j := range i {
+				if out[j].UUID == row.UUID {
+					first = j
+					break
+				}
+			}
+		default:
 			if seen == nil {
 				seen = make(map[string]int, len(msgs))
 			}
-			if first, dup := seen[row.UUID]; dup {
-				return nil, &InvalidError{Index: i, UUID: row.UUID, Err: store.ErrDuplicateUUID,
-					Reason: fmt.Sprintf("the same UUID as message %d of this call: every message needs its own UUID", first)}
+			if j, dup := seen[row.UUID]; dup {
+				first = j
 			}
 			seen[row.UUID] = i
+		}
+		if first >= 0 {
+			return nil, &InvalidError{Index: i, UUID: row.UUID, Err: store.ErrDuplicateUUID,
+				Reason: fmt.Sprintf("the same UUID as message %d of this call: every message needs its own UUID", first)}
 		}
 		out[i] = row
 	}
