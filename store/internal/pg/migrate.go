@@ -123,10 +123,10 @@ func inLockedTx(ctx context.Context, db dbexec.DB, lockKey string, fn func(dbexe
 // CONCURRENTLY), on a large table.
 const noTransaction = "-- outboxkit:no-transaction"
 
-// concurrentAbove is the outbox size above which a no-transaction migration builds its indexes
+// ConcurrentAbove is the outbox size above which a no-transaction migration builds its indexes
 // CONCURRENTLY. Below it a plain build in one transaction takes well under a second — and, unlike
 // CONCURRENTLY, it waits for no transaction on other tables of the database.
-const concurrentAbove = 64 << 20
+var ConcurrentAbove int64 = 64 << 20
 
 // migrateOutsideTx applies a no-transaction migration (CREATE INDEX IF NOT EXISTS statements).
 // Processes serialize on a session advisory lock held by one connection; the version row is
@@ -165,7 +165,7 @@ func migrateOutsideTx(ctx context.Context, db dbexec.DB, name Name, lockKey stri
 		statements = append(statements, withoutLeadingComments(stmt))
 	}
 	record := fmt.Sprintf(`INSERT INTO %s.schema_migrations (version, name) VALUES ($1, $2)`, name.Ident())
-	if size < concurrentAbove {
+	if size < ConcurrentAbove {
 		tx, err := conn.Begin(ctx, dbexec.TxOptions{})
 		if err != nil {
 			return false, err
