@@ -153,6 +153,10 @@ func (h *Handler) createJob(w http.ResponseWriter, r *http.Request, id Identity)
 // act replays or archives the letters selected on a page: a job per side, run in the request.
 func (h *Handler) act(w http.ResponseWriter, r *http.Request, id Identity) {
 	ctx := r.Context()
+	if err := r.ParseForm(); err != nil {
+		h.refuse(w, r, http.StatusBadRequest, "The form could not be read: "+err.Error())
+		return
+	}
 	refs := r.PostForm["id"]
 	kind := r.PostFormValue("action")
 	back := h.backTo(r)

@@ -401,3 +401,38 @@ func TestLocalOnlyRefusesRemoteAndProxied(t *testing.T) {
 		t.Fatal("a short token secret was accepted")
 	}
 }
+
+// Replaying a letter already replayed is a no-op that says so.
+func TestReplayingTwiceIsANoOpThatSaysSo(t *testing.T) {
+	s := openStore(t)
+	seed(t, s)
+	h := newHandler(t, s, func(c *console.Config) { c.Publisher = &recorder{} })
+	page, err := store.Console(s.Store).ListDeadLetters(context.Background(), store.LetterQuery{Side: "billing", Limit: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	act := func(refs ...string) string {
+		form := url.Values{"action": {"replay"}, "id": refs}
+		r := httptest.NewRequest("POST", "/ops/console/letters/act", strings.NewReader(form.Encode()))
+		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		r.Header.Set("Authorization", "Bearer "+operatorToken)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		loc, _ := url.Parse(w.Header().Get("Location"))
+		if w.Code != http.StatusSeeOther {
+			t.Fatalf("act: %d %s", w.Code, w.Body)
+		}
+		return loc.Query().Get("flash")
+	}
+	one := fmt.Sprintf("billing:%d", page.Letters[0].ID)
+	two := fmt.Sprintf("billing:%d", page.Letters[1].ID)
+	if got := act(one); got != "Replayed 1 letter" {
+		t.Fatalf("first replay says %q", got)
+	}
+	if got := act(one, two); got != "Replayed 1 letter · 1 was already replayed or archived: nothing to do" {
+		t.Fatalf("replaying one again with another says %q", got)
+	}
+	if got := act(one); got != "Replayed 0 letters · 1 was already replayed or archived: nothing to do" {
+		t.Fatalf("replaying it a third time says %q", got)
+	}
+}
