@@ -434,8 +434,12 @@ func (h *Handler) letterPage(w http.ResponseWriter, r *http.Request, who Identit
 		d.Metadata = append(d.Metadata, [2]string{k, v})
 	}
 	sort.Slice(d.Metadata, func(i, j int) bool { return d.Metadata[i][0] < d.Metadata[j][0] })
-	if !l.CreatedAt.IsZero() {
+	switch written, err := time.Parse(time.RFC3339Nano, l.Metadata[outboxkit.MetadataCreatedAt]); {
+	case !l.CreatedAt.IsZero():
 		d.History = append(d.History, historyRow{At: l.CreatedAt, What: fmt.Sprintf("written to the outbox (seq %d)", l.ID), Who: "writer"})
+	case err == nil: // a consumer's letter that came through a relay: when its outbox row was written
+		d.CreatedAt = written
+		d.History = append(d.History, historyRow{At: written, What: fmt.Sprintf("written to the outbox (seq %s)", l.Metadata[outboxkit.MetadataSeq]), Who: "writer"})
 	}
 	what := fmt.Sprintf("dead-lettered by %s after %d %s", l.Side(), l.Attempts, plural(l.Attempts, "delivery", "deliveries"))
 	if l.Consumer == "" {
