@@ -207,9 +207,15 @@ func (s *Store) ListDeadLetters(ctx context.Context, lq store.LetterQuery) (stor
 		}
 		// A deferred join: the inner query reads only the index (InnoDB's secondary entries carry
 		// the key), the outer one the page's rows by key — MySQL otherwise reads every newer row.
+		// The outer condition lets Postgres find outbox rows by seq through the partial index on
+		// dead rows (seq is not the outbox's key).
+		outer := ""
+		if t.outbox {
+			outer = " AND l.dead_lettered_at IS NOT NULL AND l.published_at IS NULL"
+		}
 		stmt := fmt.Sprintf(`SELECT %s FROM %s AS l JOIN (SELECT %s FROM %s WHERE %s ORDER BY dead_lettered_at DESC, %s DESC LIMIT ?%d) AS k
-ON l.%s = k.%s ORDER BY l.dead_lettered_at DESC, l.%s DESC`,
-			t.listColumns("l"), t.table, t.id, t.table, q.where(), t.id, q.arg(lq.Limit+1), t.id, t.id, t.id)
+ON l.%s = k.%s%s ORDER BY l.dead_lettered_at DESC, l.%s DESC`,
+			t.listColumns("l"), t.table, t.id, t.table, q.where(), t.id, q.arg(lq.Limit+1), t.id, t.id, outer, t.id)
 		letters, err := s.scanLetters(ctx, s.d.Console().render(stmt), q.args)
 		if err != nil {
 			return page, fmt.Errorf("list dead letters: %w", err)
