@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outboxkit/outboxkit/store"
@@ -19,7 +20,11 @@ import (
 type cache struct {
 	h *Handler
 
-	mu       sync.Mutex // one refresh at a time
+	mu        sync.Mutex // guards the fields below
+	refreshMu sync.Mutex // one refresh at a time
+	// warm is set while Start's loop refreshes the figures before they expire: requests then
+	// read them as they are and never wait for a refresh.
+	warm     atomic.Bool
 	snap     *snapshot
 	groups   map[string]groupsEntry // by side ("" everywhere)
 	schemaAt time.Time
@@ -112,12 +117,33 @@ func (c *cache) schemaProblem(ctx context.Context) string {
 	return ""
 }
 
+// fresh reports whether figures read at at may be shown now.
+func (c *cache) fresh(at time.Time) bool {
+	age := c.h.cfg.Now().Sub(at)
+	return age < c.h.cfg.CacheTTL || (c.warm.Load() && age < 3*c.h.cfg.CacheTTL)
+}
+
 func (c *cache) read(ctx context.Context) (*snapshot, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
+	s := c.snap
+	c.mu.Unlock()
+	if s != nil && c.fresh(s.at) {
+		return s, nil
+	}
+	return c.refresh(ctx, false)
+}
+
+// refresh reads every figure of the overview again. A request waiting for another's refresh
+// takes its result.
+func (c *cache) refresh(ctx context.Context, background bool) (*snapshot, error) {
+	c.refreshMu.Lock()
+	defer c.refreshMu.Unlock()
 	now := c.h.cfg.Now()
-	if c.snap != nil && now.Sub(c.snap.at) < c.h.cfg.CacheTTL {
-		return c.snap, nil
+	c.mu.Lock()
+	old := c.snap
+	c.mu.Unlock()
+	if old != nil && !background && c.fresh(old.at) {
+		return old, nil
 	}
 	con := c.h.con
 	s := &snapshot{at: now, rates: map[string]float64{}, topicRates: map[string]float64{}, lag: map[[2]string]lagResult{}}
@@ -143,7 +169,6 @@ func (c *cache) read(ctx context.Context) (*snapshot, error) {
 	if s.groups, err = con.GroupCounts(ctx, store.LetterQuery{}, 0); err != nil {
 		return nil, err
 	}
-	c.groups[""] = groupsEntry{at: now, groups: s.groups}
 	for _, b := range s.relays {
 		prev, ok := c.prev[b.Owner]
 		// Over the last sample, or since the relay started.
@@ -182,8 +207,45 @@ func (c *cache) read(ctx context.Context) (*snapshot, error) {
 		}
 		wg.Wait()
 	}
+	c.mu.Lock()
 	c.snap = s
+	c.groups[""] = groupsEntry{at: now, groups: s.groups}
+	c.mu.Unlock()
 	return s, nil
+}
+
+// keepWarm refreshes the figures before they expire, and the failure groups of each side read
+// lately, until ctx ends: no request waits for a scan of a million letters.
+func (c *cache) keepWarm(ctx context.Context) {
+	c.warm.Store(true)
+	defer c.warm.Store(false)
+	t := time.NewTicker(max(time.Second, c.h.cfg.CacheTTL/2))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := c.refresh(ctx, true); err != nil && ctx.Err() == nil && !errors.Is(err, store.ErrNotMigrated) {
+			c.h.cfg.Logger.Error("Cannot refresh the console's figures", err, nil)
+		}
+		c.mu.Lock()
+		var sides []string
+		for side, e := range c.groups {
+			if side != "" && c.h.cfg.Now().Sub(e.at) < 10*c.h.cfg.CacheTTL { // read lately
+				sides = append(sides, side)
+			}
+		}
+		c.mu.Unlock()
+		for _, side := range sides {
+			if g, err := c.h.con.GroupCounts(ctx, store.LetterQuery{Side: side}, 0); err == nil {
+				c.mu.Lock()
+				c.groups[side] = groupsEntry{at: c.h.cfg.Now(), groups: g}
+				c.mu.Unlock()
+			}
+		}
+	}
 }
 
 // groupCounts is the failure groups of q: cached for a selection by side alone, read otherwise.
@@ -195,7 +257,7 @@ func (c *cache) groupCounts(ctx context.Context, q store.LetterQuery) ([]store.G
 		c.mu.Lock()
 		e, ok := c.groups[q.Side]
 		c.mu.Unlock()
-		if !ok || now.Sub(e.at) >= c.h.cfg.CacheTTL {
+		if !ok || !c.fresh(e.at) {
 			g, err := c.h.con.GroupCounts(ctx, plain, 0)
 			if err != nil {
 				return nil, "", err

@@ -290,10 +290,14 @@ func (h *Handler) Stop(ctx context.Context) error {
 // background regroups letters stored without a failure group, then runs jobs, until ctx ends.
 func (h *Handler) background(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(1)
+	wg.Add(2)
 	go func() {
 		defer wg.Done()
 		h.regroupLoop(ctx)
+	}()
+	go func() {
+		defer wg.Done()
+		h.cache.keepWarm(ctx)
 	}()
 	if !h.cfg.DisableJobs {
 		h.runJobs(ctx)
