@@ -126,7 +126,7 @@ func (d *Dialect) Queries() *sqlstore.Queries { return &d.q }
 func (d *Dialect) Console() sqlstore.ConsoleSQL {
 	return sqlstore.ConsoleSQL{
 		Prefix: d.schema.Ident() + ".", Dollar: true, OutboxID: "coalesce(uuid_text, uuid::text)",
-		Contains: "strpos(%s, %s) > 0", ForUpdate: " FOR UPDATE",
+		Contains: "strpos(%s, %s) > 0", ForUpdate: " FOR UPDATE", ReadSetup: "SET LOCAL plan_cache_mode = force_custom_plan",
 		InsertIgnore: "INSERT INTO", OnConflictNothing: " ON CONFLICT DO NOTHING",
 		UpsertRelay: `INSERT INTO {{schema}}.relays (owner, name, host, pid, started_at, heartbeat_at, last_pass_at, last_publish_at,
     circuit_open_since, blocked, published_total, published_by_topic, pauses_seen_at)

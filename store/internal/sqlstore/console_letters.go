@@ -17,6 +17,26 @@ import (
 
 var _ store.Console = (*Store)(nil)
 
+// reading runs a console read, in a transaction set up by the dialect's ReadSetup when it has one.
+func (s *Store) reading(ctx context.Context, fn func(q dbexec.Querier) error) error {
+	setup := s.d.Console().ReadSetup
+	if setup == "" {
+		return fn(s.db)
+	}
+	tx, err := s.db.Begin(ctx, dbexec.TxOptions{})
+	if err != nil {
+		return s.d.Classify(err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, setup); err != nil {
+		return s.d.Classify(err)
+	}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return s.d.Classify(tx.Commit(ctx))
+}
+
 // farFuture is the cursor of the first page: newer than any letter.
 var farFuture = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
 
@@ -154,7 +174,7 @@ func (p position) newerThan(o position) bool {
 
 // scanBound finds where a bounded scan of t from the cursor stops: the position of the
 // scanLimit-th letter of the indexed part of the selection; ok is false when fewer are left.
-func (s *Store) scanBound(ctx context.Context, t letterTable, lq store.LetterQuery) (position, bool, error) {
+func (s *Store) scanBound(ctx context.Context, q0 dbexec.Querier, t letterTable, lq store.LetterQuery) (position, bool, error) {
 	var q query
 	s.selection(&q, t, lq, true)
 	s.olderThan(&q, t, lq.Before)
@@ -164,11 +184,20 @@ func (s *Store) scanBound(ctx context.Context, t letterTable, lq store.LetterQue
 		at dbexec.Time
 		id int64
 	)
-	found, err := dbexec.FirstOf(ctx, s.db, s.d.Console().render(stmt), q.args, &at, &id)
+	found, err := dbexec.FirstOf(ctx, q0, s.d.Console().render(stmt), q.args, &at, &id)
 	return position{at: at.Time, rank: rank(t), id: id}, found, err
 }
 
-func (s *Store) ListDeadLetters(ctx context.Context, lq store.LetterQuery) (store.LetterPage, error) {
+func (s *Store) ListDeadLetters(ctx context.Context, lq store.LetterQuery) (page store.LetterPage, err error) {
+	err = s.reading(ctx, func(db dbexec.Querier) error {
+		var err error
+		page, err = s.listDeadLetters(ctx, db, lq)
+		return err
+	})
+	return page, err
+}
+
+func (s *Store) listDeadLetters(ctx context.Context, db dbexec.Querier, lq store.LetterQuery) (store.LetterPage, error) {
 	if lq.Limit <= 0 {
 		lq.Limit = 50
 	}
@@ -182,7 +211,7 @@ func (s *Store) ListDeadLetters(ctx context.Context, lq store.LetterQuery) (stor
 	)
 	if lq.Unindexed() && lq.ScanLimit > 0 {
 		for _, t := range sources {
-			b, ok, err := s.scanBound(ctx, t, lq)
+			b, ok, err := s.scanBound(ctx, db, t, lq)
 			if err != nil {
 				return page, fmt.Errorf("list dead letters: %w", s.d.Classify(err))
 			}
@@ -216,7 +245,7 @@ func (s *Store) ListDeadLetters(ctx context.Context, lq store.LetterQuery) (stor
 		stmt := fmt.Sprintf(`SELECT %s FROM %s AS l JOIN (SELECT %s FROM %s WHERE %s ORDER BY dead_lettered_at DESC, %s DESC LIMIT ?%d) AS k
 ON l.%s = k.%s%s ORDER BY l.dead_lettered_at DESC, l.%s DESC`,
 			t.listColumns("l"), t.table, t.id, t.table, q.where(), t.id, q.arg(lq.Limit+1), t.id, t.id, outer, t.id)
-		letters, err := s.scanLetters(ctx, s.d.Console().render(stmt), q.args)
+		letters, err := s.scanLetters(ctx, db, s.d.Console().render(stmt), q.args)
 		if err != nil {
 			return page, fmt.Errorf("list dead letters: %w", err)
 		}
@@ -247,8 +276,8 @@ func positionOf(l store.DeadLetter) position {
 }
 
 // scanLetters reads listColumns rows.
-func (s *Store) scanLetters(ctx context.Context, stmt string, args []any) ([]store.DeadLetter, error) {
-	rows, err := s.db.Query(ctx, stmt, args...)
+func (s *Store) scanLetters(ctx context.Context, db dbexec.Querier, stmt string, args []any) ([]store.DeadLetter, error) {
+	rows, err := db.Query(ctx, stmt, args...)
 	if err != nil {
 		return nil, s.d.Classify(err)
 	}
@@ -269,7 +298,16 @@ func (s *Store) scanLetters(ctx context.Context, stmt string, args []any) ([]sto
 	return out, s.d.Classify(rows.Err())
 }
 
-func (s *Store) CountDeadLetters(ctx context.Context, lq store.LetterQuery, limit int) (int64, bool, error) {
+func (s *Store) CountDeadLetters(ctx context.Context, lq store.LetterQuery, limit int) (n int64, capped bool, err error) {
+	err = s.reading(ctx, func(db dbexec.Querier) error {
+		var err error
+		n, capped, err = s.countDeadLetters(ctx, db, lq, limit)
+		return err
+	})
+	return n, capped, err
+}
+
+func (s *Store) countDeadLetters(ctx context.Context, db dbexec.Querier, lq store.LetterQuery, limit int) (int64, bool, error) {
 	var total int64
 	for _, t := range s.sources(lq) {
 		var q query
@@ -279,7 +317,7 @@ func (s *Store) CountDeadLetters(ctx context.Context, lq store.LetterQuery, limi
 			stmt = fmt.Sprintf("SELECT count(*) FROM (SELECT 1 AS one FROM %s WHERE %s LIMIT ?%d) AS capped", t.table, q.where(), q.arg(limit+1))
 		}
 		var n int64
-		if err := s.db.QueryRow(ctx, s.d.Console().render(stmt), q.args...).Scan(&n); err != nil {
+		if err := db.QueryRow(ctx, s.d.Console().render(stmt), q.args...).Scan(&n); err != nil {
 			return 0, false, fmt.Errorf("count dead letters: %w", s.d.Classify(err))
 		}
 		total += n
@@ -290,7 +328,16 @@ func (s *Store) CountDeadLetters(ctx context.Context, lq store.LetterQuery, limi
 	return total, false, nil
 }
 
-func (s *Store) GroupCounts(ctx context.Context, lq store.LetterQuery, scanLimit int) ([]store.GroupCount, error) {
+func (s *Store) GroupCounts(ctx context.Context, lq store.LetterQuery, scanLimit int) (out []store.GroupCount, err error) {
+	err = s.reading(ctx, func(db dbexec.Querier) error {
+		var err error
+		out, err = s.groupCounts(ctx, db, lq, scanLimit)
+		return err
+	})
+	return out, err
+}
+
+func (s *Store) groupCounts(ctx context.Context, db dbexec.Querier, lq store.LetterQuery, scanLimit int) ([]store.GroupCount, error) {
 	lq.Before, lq.Archived = store.LetterCursor{}, false
 	var out []store.GroupCount
 	for _, t := range s.sources(lq) {
@@ -298,7 +345,7 @@ func (s *Store) GroupCounts(ctx context.Context, lq store.LetterQuery, scanLimit
 		s.selection(&q, t, lq, false)
 		if lq.Unindexed() && scanLimit > 0 {
 			lq.ScanLimit = scanLimit
-			b, ok, err := s.scanBound(ctx, t, lq)
+			b, ok, err := s.scanBound(ctx, db, t, lq)
 			if err != nil {
 				return nil, fmt.Errorf("count failure groups: %w", s.d.Classify(err))
 			}
@@ -316,7 +363,7 @@ FROM %s WHERE %s GROUP BY %s, failure_group`, side, t.table, q.where(), side)
 			stmt = fmt.Sprintf(`SELECT '', coalesce(failure_group, 0), count(*), min(dead_lettered_at), max(dead_lettered_at)
 FROM %s WHERE %s GROUP BY failure_group`, t.table, q.where())
 		}
-		rows, err := s.db.Query(ctx, s.d.Console().render(stmt), q.args...)
+		rows, err := db.Query(ctx, s.d.Console().render(stmt), q.args...)
 		if err != nil {
 			return nil, fmt.Errorf("count failure groups: %w", s.d.Classify(err))
 		}

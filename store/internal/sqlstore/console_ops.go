@@ -343,6 +343,11 @@ WHERE id = ?1 AND owner = ?2 AND lease_token = ?3{{for_update}}`), l.ID, l.Owner
 func (s *Store) StepOutboxJob(ctx context.Context, l store.JobLease, n int, now time.Time) (store.JobStep, error) {
 	var step store.JobStep
 	err := s.inTx(ctx, func(tx dbexec.Tx) error {
+		if setup := s.d.Console().ReadSetup; setup != "" {
+			if _, err := tx.Exec(ctx, setup); err != nil {
+				return err
+			}
+		}
 		j, err := s.lockedJob(ctx, tx, l)
 		if err != nil {
 			return err
@@ -401,7 +406,16 @@ WHERE id = ?1 AND owner = ?2 AND lease_token = ?3`), l.ID, l.Owner, l.Token, seq
 	return step, err
 }
 
-func (s *Store) NextConsumerLetters(ctx context.Context, l store.JobLease, n int) ([]store.DeadLetter, error) {
+func (s *Store) NextConsumerLetters(ctx context.Context, l store.JobLease, n int) (out []store.DeadLetter, err error) {
+	err = s.reading(ctx, func(db dbexec.Querier) error {
+		var err error
+		out, err = s.nextConsumerLetters(ctx, db, l, n)
+		return err
+	})
+	return out, err
+}
+
+func (s *Store) nextConsumerLetters(ctx context.Context, db dbexec.Querier, l store.JobLease, n int) ([]store.DeadLetter, error) {
 	j, err := s.Job(ctx, l.ID)
 	if err != nil {
 		return nil, err
@@ -419,7 +433,7 @@ func (s *Store) NextConsumerLetters(ctx context.Context, l store.JobLease, n int
 	// Each key's letters in their outbox order (source_seq), letters of other producers (0) first.
 	stmt := fmt.Sprintf(`SELECT %s, l.reason, l.source_seq FROM {{schema}}.dead_letters AS l WHERE %s ORDER BY l.source_seq, l.id LIMIT ?%d`,
 		detailColumns(consumers), q.where(), q.arg(n))
-	rows, err := s.db.Query(ctx, s.d.Console().render(stmt), q.args...)
+	rows, err := db.Query(ctx, s.d.Console().render(stmt), q.args...)
 	if err != nil {
 		return nil, fmt.Errorf("job %d: read letters: %w", l.ID, s.d.Classify(err))
 	}
