@@ -334,7 +334,9 @@ func (h *Handler) buildOverview(ctx context.Context, s *snapshot) overview {
 	for _, p := range s.pauses {
 		pp := &pause{By: p.By, At: p.At, Reason: p.Reason}
 		for _, r := range s.relays {
-			if !r.PausesSeen.Before(p.At) && now.Sub(r.At) < relayGone {
+			// A relay acknowledged a pause when it read the pauses after the pause committed: a
+			// second after it was stamped, which is before the commit.
+			if r.PausesSeen.After(p.At.Add(time.Second)) && now.Sub(r.At) < relayGone {
 				pp.AckedBy = append(pp.AckedBy, r.Name+" ("+r.Host+")")
 			}
 		}

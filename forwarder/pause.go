@@ -85,6 +85,9 @@ func (f *Forwarder) heartbeatLoop(ctx context.Context, rc store.RelayControl) {
 }
 
 func (f *Forwarder) heartbeat(ctx context.Context, rc store.RelayControl, host string) error {
+	// Taken before the read: every pause set before this instant is in what the read returns, so
+	// the heartbeat can say it was seen.
+	seen := f.cfg.Now()
 	pauses, err := rc.Pauses(ctx)
 	if err != nil {
 		return err
@@ -102,7 +105,7 @@ func (f *Forwarder) heartbeat(ctx context.Context, rc store.RelayControl, host s
 	now := f.cfg.Now()
 	h := f.Health()
 	f.relay.mu.Lock()
-	f.relay.pausesSeen = now
+	f.relay.pausesSeen = seen
 	switch {
 	case h.CircuitOpen && f.relay.openSince.IsZero():
 		f.relay.openSince = now
@@ -111,7 +114,7 @@ func (f *Forwarder) heartbeat(ctx context.Context, rc store.RelayControl, host s
 	}
 	beat := store.RelayBeat{Owner: f.owner, Name: f.cfg.Name, Host: host, PID: os.Getpid(), Started: f.relay.started, At: now,
 		LastPass: h.LastPass, LastPublish: h.LastPublish, CircuitOpenSince: f.relay.openSince, PublishedTotal: f.relay.published,
-		PublishedByTopic: make(map[string]int64, len(f.relay.byTopic)), PausesSeen: now}
+		PublishedByTopic: make(map[string]int64, len(f.relay.byTopic)), PausesSeen: seen}
 	for t, n := range f.relay.byTopic {
 		beat.PublishedByTopic[t] = n
 	}

@@ -684,11 +684,12 @@ func consolePauseWithinAPass[TTx any](t *testing.T, h Harness[TTx]) {
 	inner := newFakePublisher()
 	pub := &pausingPublisher{fakePublisher: inner}
 	pub.pause = func() {
-		at := time.Now()
-		if _, err := c.SetPause(ctx, store.Pause{Scope: store.PauseTopic, Name: "events", By: "alice", At: at}); err != nil {
+		if _, err := c.SetPause(ctx, store.Pause{Scope: store.PauseTopic, Name: "events", By: "alice", At: time.Now()}); err != nil {
 			t.Error(err)
 			return
 		}
+		at := time.Now() // after the commit: a heartbeat that read the pauses later saw it
+
 		if !waitFor(10*time.Second, func() bool {
 			relays, err := c.Relays(ctx)
 			return err == nil && len(relays) == 1 && !relays[0].PausesSeen.Before(at)
