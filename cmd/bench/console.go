@@ -198,7 +198,8 @@ WHERE dead_lettered_at IS NOT NULL AND published_at IS NULL AND event_type = %s 
 		}
 	}
 	fmt.Printf("  failure groups through store.FailureGroupOf: %s\n", time.Since(t).Round(time.Millisecond))
-	analyze := map[string]string{"postgres": `ANALYZE "` + consoleBenchSchema + `".outbox; ANALYZE "` + consoleBenchSchema + `".dead_letters`,
+	// VACUUM as autovacuum would have on tables this old: an index-only scan needs the visibility map.
+	analyze := map[string]string{"postgres": `VACUUM ANALYZE "` + consoleBenchSchema + `".outbox; VACUUM ANALYZE "` + consoleBenchSchema + `".dead_letters`,
 		"mysql": "ANALYZE TABLE `" + consoleBenchSchema + "`.outbox, `" + consoleBenchSchema + "`.dead_letters", "sqlite": "ANALYZE"}[db.Dialect]
 	for _, s := range strings.Split(analyze, "; ") {
 		if _, err := db.SQL.ExecContext(ctx, s); err != nil {
@@ -347,6 +348,11 @@ func timeConsolePages(ctx context.Context, c config, db *store.DB) ([]series, []
 	if err != nil {
 		return nil, nil, err
 	}
+	// Started, as a console serving people is: it keeps its figures warm in the background.
+	if err := h.Start(ctx); err != nil {
+		return nil, nil, err
+	}
+	defer h.Stop(context.Background())
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	client := srv.Client()
@@ -542,6 +548,31 @@ func benchConsoleReplay(ctx context.Context, c config, db *store.DB) ([]series, 
 		}
 	}()
 	defer func() { stopWriter(); <-writerDone }()
+	// The built backlog (4% of the outbox, pending) goes out first: live rows queue behind it.
+	drainStart := time.Now()
+	for {
+		backlog, _, err := con.TopicBacklog(ctx, 1000)
+		if err != nil {
+			return nil, err
+		}
+		live := 0
+		for _, b := range backlog {
+			if b.Topic != "shop.live" {
+				live += int(b.Pending)
+			}
+		}
+		if live == 0 {
+			break
+		}
+		if time.Since(drainStart) > 10*time.Minute {
+			return nil, fmt.Errorf("the relay did not publish the built backlog within 10 minutes")
+		}
+		if !sleepCtx(ctx, time.Second) {
+			return nil, ctx.Err()
+		}
+	}
+	fmt.Printf("  the relay published the built backlog in %s\n", time.Since(drainStart).Round(time.Second))
+	pub.take()
 	measure := 20 * time.Second
 	fmt.Printf("  bulk replay: writer 1,000 rows/s and a relay for %s, then a replay of up to %d outbox letters at %d/s\n", measure, c.consoleReplay, c.consoleRate)
 	if !sleepCtx(ctx, measure) {
