@@ -26,6 +26,7 @@ type cache struct {
 	// read them as they are and never wait for a refresh.
 	warm     atomic.Bool
 	snap     *snapshot
+	gen      int64                  // bumped by invalidate: a refresh begun before it is not kept
 	groups   map[string]groupsEntry // by side ("" everywhere)
 	schemaAt time.Time
 	schema   int
@@ -76,6 +77,7 @@ func (c *cache) invalidate() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.snap = nil
+	c.gen++
 	c.groups = map[string]groupsEntry{}
 }
 
@@ -140,7 +142,7 @@ func (c *cache) refresh(ctx context.Context, background bool) (*snapshot, error)
 	defer c.refreshMu.Unlock()
 	now := c.h.cfg.Now()
 	c.mu.Lock()
-	old := c.snap
+	old, gen := c.snap, c.gen
 	c.mu.Unlock()
 	if old != nil && !background && c.fresh(old.at) {
 		return old, nil
@@ -208,8 +210,10 @@ func (c *cache) refresh(ctx context.Context, background bool) (*snapshot, error)
 		wg.Wait()
 	}
 	c.mu.Lock()
-	c.snap = s
-	c.groups[""] = groupsEntry{at: now, groups: s.groups}
+	if c.gen == gen { // read before an action changed what it counts: shown once, not kept
+		c.snap = s
+		c.groups[""] = groupsEntry{at: now, groups: s.groups}
+	}
 	c.mu.Unlock()
 	return s, nil
 }
@@ -231,6 +235,7 @@ func (c *cache) keepWarm(ctx context.Context) {
 			c.h.cfg.Logger.Error("Cannot refresh the console's figures", err, nil)
 		}
 		c.mu.Lock()
+		gen := c.gen
 		var sides []string
 		for side, e := range c.groups {
 			if side != "" && c.h.cfg.Now().Sub(e.at) < 10*c.h.cfg.CacheTTL { // read lately
@@ -241,7 +246,9 @@ func (c *cache) keepWarm(ctx context.Context) {
 		for _, side := range sides {
 			if g, err := c.h.con.GroupCounts(ctx, store.LetterQuery{Side: side}, 0); err == nil {
 				c.mu.Lock()
-				c.groups[side] = groupsEntry{at: c.h.cfg.Now(), groups: g}
+				if c.gen == gen {
+					c.groups[side] = groupsEntry{at: c.h.cfg.Now(), groups: g}
+				}
 				c.mu.Unlock()
 			}
 		}
@@ -256,6 +263,7 @@ func (c *cache) groupCounts(ctx context.Context, q store.LetterQuery) ([]store.G
 		now := c.h.cfg.Now()
 		c.mu.Lock()
 		e, ok := c.groups[q.Side]
+		gen := c.gen
 		c.mu.Unlock()
 		if !ok || !c.fresh(e.at) {
 			g, err := c.h.con.GroupCounts(ctx, plain, 0)
@@ -264,7 +272,9 @@ func (c *cache) groupCounts(ctx context.Context, q store.LetterQuery) ([]store.G
 			}
 			e = groupsEntry{at: now, groups: g}
 			c.mu.Lock()
-			c.groups[q.Side] = e
+			if c.gen == gen {
+				c.groups[q.Side] = e
+			}
 			c.mu.Unlock()
 		}
 		out := e.groups
