@@ -105,7 +105,7 @@ func (d *Dialect) Queries() *sqlstore.Queries { return &d.q }
 
 func (d *Dialect) Console() sqlstore.ConsoleSQL {
 	return sqlstore.ConsoleSQL{
-		Prefix: "`" + d.database + "`.", OutboxID: "uuid", DeadWaiting: "waiting = 1",
+		Prefix: "`" + d.database + "`.", OutboxID: "uuid", DeadWaiting: "waiting = 1", OutboxScanHint: " FORCE INDEX (outbox_dead_lettered_idx)",
 		Contains: "LOCATE(%[2]s, %[1]s) > 0", ForUpdate: " FOR UPDATE",
 		InsertIgnore: "INSERT IGNORE INTO",
 		UpsertRelay: `INSERT INTO {{schema}}.relays (owner, name, host, pid, started_at, heartbeat_at, last_pass_at, last_publish_at,

@@ -179,7 +179,7 @@ func (s *Store) scanBound(ctx context.Context, q0 dbexec.Querier, t letterTable,
 	s.selection(&q, t, lq, true)
 	s.olderThan(&q, t, lq.Before)
 	stmt := fmt.Sprintf("SELECT dead_lettered_at, %s FROM %s WHERE %s ORDER BY dead_lettered_at DESC, %s DESC LIMIT 1 OFFSET ?%d",
-		t.id, t.table, q.where(), t.id, q.arg(lq.ScanLimit-1))
+		t.id, t.scan, q.where(), t.id, q.arg(lq.ScanLimit-1))
 	var (
 		at dbexec.Time
 		id int64
@@ -244,7 +244,7 @@ func (s *Store) listDeadLetters(ctx context.Context, db dbexec.Querier, lq store
 		}
 		stmt := fmt.Sprintf(`SELECT %s FROM %s AS l JOIN (SELECT %s FROM %s WHERE %s ORDER BY dead_lettered_at DESC, %s DESC LIMIT ?%d) AS k
 ON l.%s = k.%s%s ORDER BY l.dead_lettered_at DESC, l.%s DESC`,
-			t.listColumns("l"), t.table, t.id, t.table, q.where(), t.id, q.arg(lq.Limit+1), t.id, t.id, outer, t.id)
+			t.listColumns("l"), t.table, t.id, t.scan, q.where(), t.id, q.arg(lq.Limit+1), t.id, t.id, outer, t.id)
 		letters, err := s.scanLetters(ctx, db, s.d.Console().render(stmt), q.args)
 		if err != nil {
 			return page, fmt.Errorf("list dead letters: %w", err)
@@ -312,9 +312,9 @@ func (s *Store) countDeadLetters(ctx context.Context, db dbexec.Querier, lq stor
 	for _, t := range s.sources(lq) {
 		var q query
 		s.selection(&q, t, lq, false)
-		stmt := fmt.Sprintf("SELECT count(*) FROM %s WHERE %s", t.table, q.where())
+		stmt := fmt.Sprintf("SELECT count(*) FROM %s WHERE %s", t.scan, q.where())
 		if limit >= 0 {
-			stmt = fmt.Sprintf("SELECT count(*) FROM (SELECT 1 AS one FROM %s WHERE %s LIMIT ?%d) AS capped", t.table, q.where(), q.arg(limit+1))
+			stmt = fmt.Sprintf("SELECT count(*) FROM (SELECT 1 AS one FROM %s WHERE %s LIMIT ?%d) AS capped", t.scan, q.where(), q.arg(limit+1))
 		}
 		var n int64
 		if err := db.QueryRow(ctx, s.d.Console().render(stmt), q.args...).Scan(&n); err != nil {
@@ -358,10 +358,10 @@ func (s *Store) groupCounts(ctx context.Context, db dbexec.Querier, lq store.Let
 			side = "''"
 		}
 		stmt := fmt.Sprintf(`SELECT %s, coalesce(failure_group, 0), count(*), min(dead_lettered_at), max(dead_lettered_at)
-FROM %s WHERE %s GROUP BY %s, failure_group`, side, t.table, q.where(), side)
+FROM %s WHERE %s GROUP BY %s, failure_group`, side, t.scan, q.where(), side)
 		if t.outbox {
 			stmt = fmt.Sprintf(`SELECT '', coalesce(failure_group, 0), count(*), min(dead_lettered_at), max(dead_lettered_at)
-FROM %s WHERE %s GROUP BY failure_group`, t.table, q.where())
+FROM %s WHERE %s GROUP BY failure_group`, t.scan, q.where())
 		}
 		rows, err := db.Query(ctx, s.d.Console().render(stmt), q.args...)
 		if err != nil {

@@ -358,8 +358,8 @@ func (s *Store) StepOutboxJob(ctx context.Context, l store.JobLease, n int, now 
 		q.cond("seq > ?%d", j.CursorSeq)
 		q.cond("seq <= ?%d", j.SnapshotMaxID)
 		// In seq order: within a key, an earlier row is never put back after a later one.
-		rows, err := tx.Query(ctx, s.d.Console().render(fmt.Sprintf(`SELECT seq FROM {{schema}}.outbox WHERE %s ORDER BY seq LIMIT ?%d`,
-			q.where(), q.arg(n))), q.args...)
+		rows, err := tx.Query(ctx, s.d.Console().render(fmt.Sprintf(`SELECT seq FROM %s WHERE %s ORDER BY seq LIMIT ?%d`,
+			outbox.scan, q.where(), q.arg(n))), q.args...)
 		if err != nil {
 			return err
 		}
