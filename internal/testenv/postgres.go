@@ -50,7 +50,21 @@ func NewPG(t testing.TB) *PG {
 // but nothing is created.
 func NewEmptyPG(t testing.TB) *PG {
 	t.Helper()
-	url := PostgresURL(t)
+	return newEmptyPGAt(t, PostgresURL(t))
+}
+
+// NewLogicalPG is NewPG on the server with wal_level = logical (PGLogicalURL), for the log relay.
+func NewLogicalPG(t testing.TB) *PG {
+	t.Helper()
+	pg := newEmptyPGAt(t, PGLogicalURL(t))
+	if _, err := pg.Store.Migrate(context.Background()); err != nil {
+		t.Fatalf("migrate %s: %v", pg.Schema, err)
+	}
+	return pg
+}
+
+func newEmptyPGAt(t testing.TB, url string) *PG {
+	t.Helper()
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {

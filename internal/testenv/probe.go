@@ -17,7 +17,7 @@ func probe(s *service, url string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	switch s {
-	case postgresService:
+	case postgresService, pgLogicalService:
 		db, err := sql.Open("pgx", url)
 		if err != nil {
 			return err

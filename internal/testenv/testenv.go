@@ -26,6 +26,9 @@ const (
 	EnvRedis    = "OUTBOXKIT_TEST_REDIS_URL"
 	EnvKafka    = "OUTBOXKIT_TEST_KAFKA_URL"
 	EnvMySQL    = "OUTBOXKIT_TEST_MYSQL_URL"
+	// EnvPGLogical names a Postgres server with wal_level = logical, for the log relay's tests:
+	// scripts/pg-logical.sh starts a private one (the shared server is never restarted for it).
+	EnvPGLogical = "OUTBOXKIT_TEST_PGLOGICAL_URL"
 )
 
 type service struct {
@@ -48,6 +51,17 @@ var (
 		env:        EnvPostgres,
 		example:    "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
 		repository: "postgres", tag: "16",
+		envVars: []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test"},
+		port:    "5432/tcp",
+		url: func(hp string) string {
+			return "postgres://postgres@" + hp + "/test?sslmode=disable"
+		},
+	}
+	pgLogicalService = &service{
+		env:        EnvPGLogical,
+		example:    "$(scripts/pg-logical.sh url), after scripts/pg-logical.sh start",
+		repository: "postgres", tag: "16",
+		cmd:     []string{"-c", "wal_level=logical", "-c", "max_slot_wal_keep_size=256MB", "-c", "max_replication_slots=32", "-c", "max_wal_senders=32"},
 		envVars: []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test"},
 		port:    "5432/tcp",
 		url: func(hp string) string {
@@ -98,6 +112,10 @@ func KafkaURL(t testing.TB) string { return kafkaService.get(t) }
 
 // PostgresURL returns the URL of a Postgres server for the test.
 func PostgresURL(t testing.TB) string { return postgresService.get(t) }
+
+// PGLogicalURL returns the URL of a Postgres server with wal_level = logical, where a test may
+// create replication slots and publications (scripts/pg-logical.sh starts one).
+func PGLogicalURL(t testing.TB) string { return pgLogicalService.get(t) }
 
 // MySQLURL returns the mysql:// URL of a MySQL 8 or MariaDB 10.6+ server for the test.
 func MySQLURL(t testing.TB) string { return mysqlService.get(t) }
