@@ -13,7 +13,7 @@ SERVICE_ENV = OUTBOXKIT_TEST_POSTGRES_URL='$(PG_URL)' OUTBOXKIT_TEST_AMQP_URL='$
 	OUTBOXKIT_TEST_NATS_URL='$(NATS_URL)' OUTBOXKIT_TEST_REDIS_URL='$(REDIS_URL)' \
 	OUTBOXKIT_TEST_KAFKA_URL='$(KAFKA_URL)' OUTBOXKIT_TEST_MYSQL_URL='$(MYSQL_URL)' OUTBOXKIT_REQUIRE_SERVICES=1
 
-.PHONY: all test test-unit demo bench chaos chaos-all lint alerts services tools browser tidy
+.PHONY: all test test-unit demo bench bench-compare chaos chaos-all lint alerts services tools browser tidy
 
 all: lint test
 
@@ -43,6 +43,15 @@ demo:
 ## and times the console's pages.
 bench: services
 	$(GO) run ./cmd/bench $(BENCH_ARGS)
+
+## bench-compare: this tree's bench beside an earlier commit's, run alternately on this machine:
+## REF=<commit> (required), ROUNDS=3, BENCH_ARGS="--scenario drain,consumer --reps 3" (those are the
+## defaults). Prints per scenario the paired ratios current/ref of every figure both report, and
+## each run's own ratios to stock Watermill. The earlier build lives in .cache/bench-compare/.
+ROUNDS ?= 3
+bench-compare: services
+	@[ -n "$(REF)" ] || { echo "make bench-compare: name the earlier commit, e.g. REF=2adf07f"; exit 2; }
+	scripts/bench-compare.sh --rounds $(ROUNDS) $(REF) $(BENCH_ARGS)
 
 ## chaos: the soak — the demo's parts as processes under load, every fault at once, then the
 ## invariant checker (exit 1 on a violation). CHAOS_ARGS="--store mysql --broker kafka --duration 10m".
