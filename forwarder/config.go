@@ -28,6 +28,9 @@ const (
 	// (MySQL, Postgres without LISTEN): one probe of the pending rows' index each time.
 	DefaultPollIntervalWithoutWake = 100 * time.Millisecond
 
+	// DefaultCircuitWatch is how often an open circuit asks the broker whether it answers again.
+	DefaultCircuitWatch = 250 * time.Millisecond
+
 	// DefaultAwakePoll is the poll of a relay kept awake by traffic, while writers do not wake it.
 	DefaultAwakePoll = 5 * time.Millisecond
 	// DefaultAwakeFor is how long a busy relay tells writers it is awake, renewed while busy.
@@ -40,7 +43,8 @@ const (
 // each ±20%.
 var DefaultBackoff = Backoff{Initial: time.Second, Max: 5 * time.Minute, Multiplier: 2, Jitter: 0.2}
 
-// DefaultCircuitBackoff spaces the probes of a broker that could not be reached: 1s, 2s, 4s …
+// DefaultCircuitBackoff spaces the probes of a broker that could not be reached, where the
+// publisher cannot Check it, and of a broker that refused the relay's credentials: 1s, 2s, 4s …
 // capped at 30 seconds, each ±20%.
 var DefaultCircuitBackoff = Backoff{Initial: time.Second, Max: 30 * time.Second, Multiplier: 2, Jitter: 0.2}
 
@@ -98,8 +102,17 @@ type Config struct {
 	// Backoff spaces the attempts of a row after a message-specific failure. Default DefaultBackoff.
 	Backoff Backoff
 
-	// CircuitBackoff spaces the probes while the broker cannot be reached. Default
-	// DefaultCircuitBackoff.
+	// CircuitWatch is how often the relay asks an unreachable broker whether it answers again,
+	// while the circuit is open: the publisher's Check (every backend has one: a dial, a PING, a
+	// metadata request), which publishes nothing and counts no attempt. As soon as the broker
+	// answers, the next pass publishes one row and, when it gets through, the rest: publishing
+	// resumes within about CircuitWatch of the broker's return, however long it was away.
+	// Default DefaultCircuitWatch (250ms).
+	CircuitWatch time.Duration
+
+	// CircuitBackoff spaces the probes (one row) while the broker cannot be reached, where the
+	// Publisher has no Check method (Check(ctx) error) to watch it with, and while the broker
+	// refuses the relay's credentials. Default DefaultCircuitBackoff.
 	CircuitBackoff Backoff
 
 	// PublishTimeout bounds the publishing phase of one pass, confirms included, and so how long
@@ -203,6 +216,9 @@ func (c Config) withDefaults() Config {
 	if c.CircuitBackoff == (Backoff{}) {
 		c.CircuitBackoff = DefaultCircuitBackoff
 	}
+	if c.CircuitWatch == 0 {
+		c.CircuitWatch = DefaultCircuitWatch
+	}
 	if c.PublishTimeout == 0 {
 		c.PublishTimeout = DefaultPublishTimeout
 	}
@@ -267,6 +283,7 @@ func (c Config) validate() error {
 	positiveDur("AwakeFor", c.AwakeFor)
 	positive("AwakeAbove", c.AwakeAbove)
 	positiveDur("PublishTimeout", c.PublishTimeout)
+	positiveDur("CircuitWatch", c.CircuitWatch)
 	positiveDur("HeartbeatInterval", c.HeartbeatInterval)
 	positiveDur("Retention.Age", c.Retention.Age)
 	positiveDur("Retention.Interval", c.Retention.Interval)

@@ -10,8 +10,9 @@
 //
 // A publish that fails because of the message counts an attempt and backs off; after MaxAttempts
 // the row is dead-lettered until ReplayOutboxDeadLetters puts it back. A publish that fails because the
-// broker cannot be reached opens a circuit instead: no attempt is counted, passes pause and probe
-// with backoff, and the backlog drains by itself when the broker returns.
+// broker cannot be reached opens a circuit instead: no attempt is counted, passes pause while the
+// relay watches the broker (every CircuitWatch), and the backlog drains by itself as soon as the
+// broker answers again.
 package forwarder
 
 import (
@@ -132,7 +133,7 @@ type Result struct {
 	// Deprecated: use UnreachableErr.
 	TransportErr error
 	// CircuitOpen is set when the pass did nothing because the broker could not be reached
-	// recently; RetryAt says when the next pass may probe it.
+	// recently and has not answered since; RetryAt says when the next pass may ask it again.
 	CircuitOpen bool
 	RetryAt     time.Time
 }
@@ -147,7 +148,7 @@ func New(cfg Config) (*Forwarder, error) {
 		cfg:     cfg,
 		owner:   cfg.Name + "-" + strings.ReplaceAll(uuid.NewString(), "-", "")[:12],
 		tracer:  cfg.TracerProvider.Tracer("github.com/outboxkit/outboxkit/forwarder"),
-		circuit: &circuit{backoff: cfg.CircuitBackoff},
+		circuit: &circuit{backoff: cfg.CircuitBackoff, watch: cfg.CircuitWatch},
 		started: make(chan struct{}),
 	}
 	f.relay.started = cfg.Now()
@@ -169,9 +170,14 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 	f.passSince.Store(now.UnixNano())
 	defer f.passSince.Store(0)
 	limit, inFlight := f.cfg.BatchSize, f.cfg.MaxInFlight
-	switch state, retryAt := f.circuit.state(now); state {
+	state, _ := f.circuit.state(now)
+	if state == CircuitOpen && f.watchBroker(ctx, now) {
+		state, now = CircuitHalfOpen, f.cfg.Now() // the broker answers again: publish now
+	}
+	switch state {
 	case CircuitOpen:
-		return Result{CircuitOpen: true, RetryAt: retryAt}, nil
+		_, watching := f.cfg.Publisher.(checker)
+		return Result{CircuitOpen: true, RetryAt: f.circuit.nextWake(watching)}, nil
 	case CircuitHalfOpen:
 		limit, inFlight = 1, 1 // probe the broker with a single message
 	}
@@ -227,7 +233,7 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 	f.passDone(res.Published > 0)
 
 	if out.unreachable != nil {
-		retryAt := f.circuit.recordUnreachable(f.cfg.Now())
+		retryAt := f.circuit.recordUnreachable(f.cfg.Now(), outboxkit.IsAccessDenied(out.unreachable))
 		f.blocked.Store(&out.unreachable)
 		f.cfg.Metrics.CircuitChanged(CircuitOpen)
 		fields := watermill.LogFields{"forwarder": f.cfg.Name, "retry_at": retryAt, "published": res.Published}

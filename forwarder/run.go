@@ -82,6 +82,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	dbFailures := 0
 	var aw awakeState
 	for {
+		probing := f.circuit.isOpen() // a pass of an open circuit publishes one row at most
 		res, err := f.DispatchBatch(ctx)
 		if ctx.Err() != nil {
 			f.cfg.Logger.Info("Forwarder stopped", watermill.LogFields{"forwarder": f.cfg.Name})
@@ -99,12 +100,15 @@ func (f *Forwarder) Run(ctx context.Context) error {
 				"forwarder": f.cfg.Name, "retry_in": wait,
 			})
 		case res.CircuitOpen:
-			// The broker is down: a NOTIFY does not make it reachable, so only the probe time counts.
+			// The broker is down: a NOTIFY does not make it reachable, so only its next check counts.
 			dbFailures = 0
 			wait, wakeable = max(0, res.RetryAt.Sub(f.cfg.Now())), false
 		case res.UnreachableErr != nil:
 			dbFailures = 0
-			wait = 0 // the next pass sees the open circuit and waits for the probe time
+			wait = 0 // the next pass sees the open circuit and waits for the next check
+		case probing && res.Published > 0:
+			dbFailures = 0
+			wait = 0 // the broker is back: the backlog behind the probe goes now
 		case res.Claimed >= f.cfg.BatchSize:
 			dbFailures = 0
 			wait = 0 // more is probably waiting

@@ -334,17 +334,19 @@ func (sc *sharedChannel) aloneUnconfirmed(tag uint64) bool {
 func (p *Publisher) connection() (*amqp.Connection, uint64, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.connectionLocked()
+	return p.connectionLocked(false)
 }
 
-func (p *Publisher) connectionLocked() (*amqp.Connection, uint64, error) {
+// connectionLocked is connection with p.mu held; redial dials even within a second of a failed
+// dial (for Check, whose caller is one relay watching the broker, not a queue of publishes).
+func (p *Publisher) connectionLocked(redial bool) (*amqp.Connection, uint64, error) {
 	if p.closed {
 		return nil, 0, errors.New("amqp publisher is closed")
 	}
 	if p.conn != nil && !p.conn.IsClosed() {
 		return p.conn, p.gen, nil
 	}
-	if p.lastErr != nil && time.Since(p.lastDial) < time.Second {
+	if !redial && p.lastErr != nil && time.Since(p.lastDial) < time.Second {
 		return nil, 0, p.lastErr
 	}
 	p.lastDial = time.Now()
@@ -371,7 +373,7 @@ func (p *Publisher) connectionLocked() (*amqp.Connection, uint64, error) {
 func (p *Publisher) channel(ctx context.Context) (*sharedChannel, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	conn, gen, err := p.connectionLocked()
+	conn, gen, err := p.connectionLocked(false)
 	if err != nil {
 		return nil, err
 	}
@@ -482,10 +484,15 @@ func (p *Publisher) dropConnection(gen uint64) {
 	}
 }
 
-// Check connects when there is no connection yet: an error says the broker is unreachable, or
-// refuses the credentials or the virtual host (outboxkit.IsAccessDenied).
+// Check connects when there is no live connection: an error says the broker is unreachable, or
+// refuses the credentials or the virtual host (outboxkit.IsAccessDenied). The relay calls it at
+// start, and every forwarder.Config.CircuitWatch while the broker is away, so it dials each time
+// it is called (publishes dial at most once a second).
 func (p *Publisher) Check(ctx context.Context) error {
-	if _, _, err := p.connection(); err != nil {
+	p.mu.Lock()
+	_, _, err := p.connectionLocked(true)
+	p.mu.Unlock()
+	if err != nil {
 		if outboxkit.IsAccessDenied(err) {
 			return err
 		}

@@ -63,7 +63,8 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 	lazy := &brokerio.LazyPublisher{Build: func() (message.Publisher, error) {
 		return kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: marshaler, OverwriteSaramaConfig: cfg}, opts.Logger)
 	}}
-	bounded := &brokerio.BoundedPublisher{Publisher: lazy, Classify: classifyKafka}
+	bounded := &brokerio.BoundedPublisher{Publisher: lazy, Classify: classifyKafka,
+		Ping: func(ctx context.Context) error { return pingKafka(ctx, brokers) }}
 	klag := &kafkaLag{brokers: brokers}
 	return backends.Parts{
 		Publisher: bounded,
@@ -185,4 +186,32 @@ func classifyKafka(err error) error {
 
 func init() {
 	backends.Register(open, "kafka://host:9092[,host:9092] (Kafka)", "kafka")
+}
+
+// pingKafka asks the cluster whether it answers: an ApiVersions request to each bootstrap broker in
+// turn, on a connection of its own that it closes, until one answers. A TCP connection alone would
+// not tell: a load balancer or proxy in front of a broker that is down accepts it.
+func pingKafka(ctx context.Context, brokers []string) error {
+	timeout := 2 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = min(timeout, max(time.Until(d), 10*time.Millisecond))
+	}
+	cfg := sarama.NewConfig()
+	cfg.Version = kafkaVersion
+	cfg.Net.DialTimeout, cfg.Net.ReadTimeout, cfg.Net.WriteTimeout = timeout, timeout, timeout
+	var errs []error
+	for _, addr := range brokers {
+		b := sarama.NewBroker(addr)
+		if err := b.Open(cfg); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+			continue
+		}
+		_, err := b.ApiVersions(&sarama.ApiVersionsRequest{})
+		_ = b.Close()
+		if err == nil {
+			return nil
+		}
+		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+	}
+	return outboxkit.Unreachable(fmt.Errorf("no Kafka broker answered: %w", errors.Join(errs...)))
 }

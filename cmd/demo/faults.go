@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -23,6 +24,15 @@ func (p *faultyPublisher) Publish(topic string, msgs ...*message.Message) error 
 		return fmt.Errorf("refused by --fail-publish-every %d", p.failEvery)
 	}
 	return p.Publisher.Publish(topic, msgs...)
+}
+
+// Check is the broker publisher's own, so that the relay watches the broker through this wrapper
+// (forwarder.Config.CircuitWatch).
+func (p *faultyPublisher) Check(ctx context.Context) error {
+	if c, ok := p.Publisher.(interface{ Check(context.Context) error }); ok {
+		return c.Check(ctx)
+	}
+	return nil
 }
 
 // errRelayCrash is the relay dying between publishing and marking (--crash-after-publish).

@@ -73,7 +73,9 @@ func (p ClassifyingPublisher) Publish(topic string, msgs ...*message.Message) er
 type BoundedPublisher struct {
 	message.Publisher
 	Classify func(error) error
-	wg       sync.WaitGroup
+	// Ping, when set, is Check: it asks the broker whether it answers, without the publisher.
+	Ping func(ctx context.Context) error
+	wg   sync.WaitGroup
 }
 
 func (p *BoundedPublisher) Publish(topic string, msgs ...*message.Message) error {
@@ -104,8 +106,11 @@ func (p *BoundedPublisher) Publish(topic string, msgs ...*message.Message) error
 	}
 }
 
-// Check is the inner publisher's Check, classified.
+// Check is Ping, or else the inner publisher's Check, classified.
 func (p *BoundedPublisher) Check(ctx context.Context) error {
+	if p.Ping != nil {
+		return p.Classify(p.Ping(ctx))
+	}
 	return check(ctx, p.Publisher, p.Classify)
 }
 
