@@ -11,6 +11,7 @@ import (
 	_ "github.com/outboxkit/outboxkit/backends/memorybackend" // memory://; import your broker's package
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/sqlitestore"
 )
 
@@ -73,4 +74,34 @@ func ExampleNew() {
 	// Output:
 	// published: 1
 	// true {"id":"o-1"}
+}
+
+// Publishing rows another source read — the log relay of package forwarder/pglog reads them from
+// Postgres's write-ahead log — through the forwarder's path: per-key lanes, circuit, backoff,
+// metrics and tracing. The caller records the outcome.
+func ExampleForwarder_PublishRows() {
+	ctx := context.Background()
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+	st, err := sqlitestore.Open(ctx, filepath.Join(dir, "shop.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer st.DB().Close()
+	broker, err := backends.Open(ctx, "memory://", backends.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer broker.Close()
+	relay, err := forwarder.New(forwarder.Config{Store: st, Publisher: broker.Publisher})
+	if err != nil {
+		log.Fatal(err)
+	}
+	d := relay.PublishRows(ctx, []store.OutboxRow{
+		{Seq: 1, UUID: "0193a1f0-0000-7000-8000-000000000001", Topic: "orders", PartitionKey: "o-1", Payload: []byte(`{}`), Metadata: []byte(`{}`)},
+		{Seq: 2, UUID: "0193a1f0-0000-7000-8000-000000000002", Topic: "orders", PartitionKey: "o-1", Payload: []byte(`{}`), Metadata: []byte(`{}`)},
+	})
+	fmt.Println("published:", d.Published, "failed:", len(d.Failed), "circuit open:", d.CircuitOpen)
+	// Output:
+	// published: [1 2] failed: 0 circuit open: false
 }

@@ -222,6 +222,14 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 		return Result{}, err
 	}
 
+	f.report(rows, out, outcome, dead, &res)
+	return res, nil
+}
+
+// report accounts for what the publishing phase did, once the store has recorded it (or, for
+// rows of another source, once they are handed back): the result, the metrics, the circuit and
+// the logs.
+func (f *Forwarder) report(rows []store.OutboxRow, out outcome, outcome store.Outcome, dead int, res *Result) {
 	res.Published = len(out.published)
 	f.countPublished(rows, out.published)
 	res.Failed = len(out.failed)
@@ -260,7 +268,6 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 		}
 		f.cfg.Logger.Info("Outbox row publish failed, backing off", fields.Add(watermill.LogFields{"next_attempt_at": outcome.Failed[i].NextAttemptAt}))
 	}
-	return res, nil
 }
 
 // outcome turns the publishing phase's result into what the store records, and counts the rows it

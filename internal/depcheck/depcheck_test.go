@@ -26,6 +26,7 @@ func deps(t *testing.T, pkg string) []string {
 // The clients and libraries only some programs want, by the name a reader knows them by.
 var heavy = map[string]string{
 	"github.com/jackc/pgx/v5":                        "pgx",
+	"github.com/jackc/pglogrepl":                     "pglogrepl",
 	"github.com/lib/pq":                              "lib/pq",
 	"github.com/go-sql-driver/mysql":                 "go-sql-driver/mysql",
 	"modernc.org/sqlite":                             "modernc.org/sqlite",
@@ -55,6 +56,7 @@ var allowed = map[string][]string{
 	"store/pgxstore":           {"pgx"},
 	"pipeline":                 nil,
 	"forwarder":                nil,
+	"forwarder/pglog":          {"pgx", "pglogrepl"}, // the log relay: Postgres's replication protocol
 	"middleware":               nil,
 	"handlers":                 nil,
 	"backends":                 nil,

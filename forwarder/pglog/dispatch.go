@@ -1,0 +1,271 @@
+package pglog
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pglogrepl"
+
+	"github.com/outboxkit/outboxkit/store"
+)
+
+// entry is an item in the dispatcher's window, oldest first.
+type entry struct {
+	item
+	done   bool // published or dead-lettered; a transaction's end is always done
+	nextAt time.Time
+}
+
+// dispatcher publishes the items in rounds through the forwarder and moves the confirmed position
+// over the transactions whose events are all done.
+type dispatcher struct {
+	s      *session
+	fifo   []*entry
+	head   int
+	popped int64 // items that left the window
+
+	confirmable pglogrepl.LSN // the end of the last transaction left entirely behind
+	flushedLSN  pglogrepl.LSN
+	pendingDel  []string // published rows' uuids, removed at the next flush
+	lastFlush   time.Time
+	pauseUntil  time.Time // the broker circuit's probe time
+}
+
+func newDispatcher(s *session) *dispatcher {
+	return &dispatcher{s: s, lastFlush: time.Now()}
+}
+
+func (d *dispatcher) window() int { return len(d.fifo) - d.head }
+
+func (d *dispatcher) add(it item) {
+	e := &entry{item: it, done: it.end > 0}
+	d.fifo = append(d.fifo, e)
+}
+
+// run publishes until in is closed. stop is the relay's context: once it ends, nothing new is
+// published, and what was published is flushed (unless the crash hook says otherwise).
+func (d *dispatcher) run(ctx, stop context.Context) (err error) {
+	r := d.s.r
+	defer func() {
+		if err != nil {
+			close(d.s.failed)
+			for range d.s.in { // let the reader finish
+			}
+		}
+	}()
+	flushTick := time.NewTicker(r.cfg.FlushInterval)
+	defer flushTick.Stop()
+	open := true
+	for open {
+		// Take what is waiting, up to the window.
+	fill:
+		for d.window() < r.cfg.Window {
+			select {
+			case it, ok := <-d.s.in:
+				if !ok {
+					open = false
+					break fill
+				}
+				d.add(it)
+			default:
+				break fill
+			}
+		}
+		if !open {
+			break
+		}
+		now := r.fcfg.Now()
+		var batch []*entry
+		wakeAt := time.Time{}
+		if stop.Err() == nil {
+			batch, wakeAt = d.eligible(now)
+		}
+		if len(batch) > 0 {
+			if err := d.publish(ctx, stop, batch); err != nil {
+				return err
+			}
+			d.advance()
+			if len(d.pendingDel) >= r.cfg.FlushRows || time.Since(d.lastFlush) >= r.cfg.FlushInterval {
+				if err := d.flush(ctx); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		d.advance()
+		var (
+			wake  <-chan time.Time
+			timer *time.Timer
+		)
+		if !wakeAt.IsZero() {
+			timer = time.NewTimer(max(wakeAt.Sub(now), time.Millisecond))
+			wake = timer.C
+		}
+		var in <-chan item
+		if d.window() < r.cfg.Window {
+			in = d.s.in
+		}
+		select {
+		case it, ok := <-in:
+			if !ok {
+				open = false
+				break
+			}
+			d.add(it)
+		case <-wake:
+		case <-flushTick.C:
+			if err := d.flush(ctx); err != nil {
+				return err
+			}
+		case <-stop.Done():
+			// Wait for the reader to stop; flush below.
+			for it := range d.s.in {
+				d.add(it)
+			}
+			open = false
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+	}
+	d.advance()
+	if r.hooks.crash && stop.Err() != nil {
+		return nil // as a killed process: nothing flushed, nothing confirmed
+	}
+	return d.flush(ctx)
+}
+
+// eligible picks the next round: in commit order, each key's rows from its oldest not done one,
+// while due; a key whose oldest row backs off holds its later rows.
+func (d *dispatcher) eligible(now time.Time) (batch []*entry, wakeAt time.Time) {
+	if now.Before(d.pauseUntil) {
+		return nil, d.pauseUntil
+	}
+	held := map[string]bool{}
+	seqs := map[int64]bool{} // a row read twice (backfill and log) goes in one round at a time
+	limit := d.s.r.fcfg.BatchSize
+	for _, e := range d.fifo[d.head:] {
+		if len(batch) >= limit {
+			break
+		}
+		if e.done {
+			continue
+		}
+		k := e.row.PartitionKey
+		if (k != "" && held[k]) || seqs[e.row.Seq] {
+			continue
+		}
+		if e.nextAt.After(now) {
+			if k != "" {
+				held[k] = true
+			}
+			if wakeAt.IsZero() || e.nextAt.Before(wakeAt) {
+				wakeAt = e.nextAt
+			}
+			continue
+		}
+		batch = append(batch, e)
+		seqs[e.row.Seq] = true
+	}
+	return batch, wakeAt
+}
+
+// publish sends one round through the forwarder's publish path and records its outcome.
+func (d *dispatcher) publish(ctx, stop context.Context, batch []*entry) error {
+	rows := make([]store.OutboxRow, len(batch))
+	bySeq := make(map[int64]*entry, len(batch))
+	for i, e := range batch {
+		rows[i] = e.row
+		bySeq[e.row.Seq] = e
+	}
+	del := d.s.r.fwd.PublishRows(stop, rows)
+	for _, seq := range del.Published {
+		e := bySeq[seq]
+		e.done = true
+		e.row.Payload, e.row.Metadata = nil, nil
+	}
+	for _, f := range del.Failed {
+		e := bySeq[f.Seq]
+		e.row.Attempts++
+		if f.DeadLettered {
+			if err := d.deadLetter(ctx, e, f.Error); err != nil {
+				return err
+			}
+			e.done = true
+			e.delKey = "" // kept in the outbox as a dead letter
+			e.row.Payload, e.row.Metadata = nil, nil
+			continue
+		}
+		e.nextAt = f.NextAttemptAt
+	}
+	if del.CircuitOpen {
+		d.pauseUntil = del.RetryAt
+	}
+	return nil
+}
+
+// deadLetter parks a row the broker keeps refusing, in the outbox, for an operator.
+func (d *dispatcher) deadLetter(ctx context.Context, e *entry, errText string) error {
+	r := d.s.r
+	_, err := r.cfg.Pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET attempts = $2, last_error = $3, dead_lettered_at = $4
+		WHERE uuid = $1::uuid AND published_at IS NULL`, r.table("outbox")),
+		e.delKey, e.row.Attempts, errText, r.fcfg.Now())
+	if err != nil {
+		return fmt.Errorf("dead-letter outbox row %d: %w", e.row.Seq, err)
+	}
+	return nil
+}
+
+// advance drops the done entries at the head of the window; passing a transaction's end makes its
+// position confirmable.
+func (d *dispatcher) advance() {
+	for d.head < len(d.fifo) && d.fifo[d.head].done {
+		e := d.fifo[d.head]
+		if e.end > 0 {
+			d.confirmable = max(d.confirmable, e.end)
+		} else if e.delKey != "" {
+			d.pendingDel = append(d.pendingDel, e.delKey)
+		}
+		d.fifo[d.head] = nil
+		d.head++
+		d.popped++
+	}
+	if d.head > 1024 && d.head > len(d.fifo)/2 {
+		d.fifo = append(d.fifo[:0], d.fifo[d.head:]...)
+		d.head = 0
+	}
+}
+
+// flush removes the published rows and records the confirmable position in one statement, then
+// lets the reader confirm it to the server: what the server is told is published is gone from
+// the table, so the rows left there are what a lost slot's backfill must read.
+func (d *dispatcher) flush(ctx context.Context) error {
+	d.lastFlush = time.Now()
+	if len(d.pendingDel) == 0 && d.confirmable == d.flushedLSN {
+		d.s.flushed.Store(d.popped)
+		return nil
+	}
+	r := d.s.r
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	_, err := r.cfg.Pool.Exec(fctx, fmt.Sprintf(`WITH removed AS (DELETE FROM %s WHERE uuid = ANY($1::uuid[]) AND dead_lettered_at IS NULL)
+		INSERT INTO %s AS c (name, slot_name, mode, confirmed_lsn) VALUES ($2, $3, $4, $5::text::pg_lsn)
+		ON CONFLICT (name) DO UPDATE SET confirmed_lsn = GREATEST(c.confirmed_lsn, excluded.confirmed_lsn), updated_at = now()`,
+		r.table("outbox"), r.table("log_relays")),
+		d.pendingDel, r.fcfg.Name, r.cfg.SlotName, string(r.cfg.Mode), d.confirmable.String())
+	if err != nil {
+		return fmt.Errorf("remove published outbox rows and record the checkpoint: %w", err)
+	}
+	if len(d.pendingDel) > 4096 {
+		d.pendingDel = nil
+	} else {
+		d.pendingDel = d.pendingDel[:0]
+	}
+	d.flushedLSN = d.confirmable
+	d.s.ack.Store(uint64(d.confirmable))
+	d.s.flushed.Store(d.popped)
+	r.log.Trace("Log relay flushed", r.fields.Add(watermill.LogFields{"confirmed": d.confirmable.String()}))
+	return nil
+}

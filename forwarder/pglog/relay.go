@@ -1,0 +1,297 @@
+// Package pglog is the log relay: a source for the forwarder that reads the outbox's events from
+// Postgres's write-ahead log through a logical replication slot (the pgoutput plugin) instead of
+// claiming rows. Events arrive in commit order, with no claim query, no UPDATE per event and no
+// polling; they go through the forwarder's publish path (forwarder.PublishRows: lanes by partition
+// key, the broker circuit, backoff, dead-lettering, metrics, tracing), so a broker sees the same
+// messages as from the polling relay.
+//
+// The relay creates, once per relay group (the forwarder's Name), a publication of the outbox's
+// INSERTs and a replication slot, and keeps them across restarts: a relay never starts from the
+// server's current position for an existing group, so events committed while it was down arrive.
+// Progress is the slot's confirmed position: the relay confirms to the server only positions below
+// which every event is published, and removes the published outbox rows behind it in bulk (one
+// DELETE per batch, with a checkpoint row in the same statement). A lost slot (dropped, or
+// invalidated past max_slot_wal_keep_size) is detected at start: the rows left in the outbox are
+// exactly the events the relay may not have published, so it backfills them from the table, in a
+// snapshot taken with the new slot, and then follows the log.
+//
+// One relay reads a slot at a time (the server refuses a second reader); others wait as standbys
+// and take over within StandbyRetry of the active one's connection closing.
+//
+// The server needs wal_level = logical, a free replication slot and a role with the REPLICATION
+// attribute; Run checks each at start and says what to do.
+package pglog
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/outboxkit/outboxkit/forwarder"
+)
+
+// Mode is how writers put events where the relay reads them.
+type Mode string
+
+const (
+	// ModeTable reads the rows writers insert into the outbox table, as for the polling relay: the
+	// operator's tools, dead letters and a backfill after a lost slot keep working.
+	ModeTable Mode = "table"
+)
+
+// Defaults for Config fields left at their zero value.
+const (
+	DefaultStandbyRetry   = 100 * time.Millisecond
+	DefaultStatusInterval = time.Second
+	DefaultFlushInterval  = time.Second
+	DefaultFlushRows      = 1000
+	DefaultWindow         = 10000
+)
+
+// Config configures a Relay. Zero-valued fields take the documented defaults.
+type Config struct {
+	// Forwarder publishes the events: its Publisher, Name (the relay group: it names the slot and
+	// the publication), BatchSize (the most events of one publishing round), MaxInFlight,
+	// MaxAttempts, Backoff, CircuitBackoff, PublishTimeout, TopicMapping, Metrics, TracerProvider
+	// and Logger apply. Its Store's schema is the outbox's schema. Required.
+	Forwarder *forwarder.Forwarder
+
+	// Pool connects to the database holding the outbox: its connection settings also open the
+	// replication connection, directly to the server (a pooler in transaction mode cannot carry
+	// one). Required.
+	Pool *pgxpool.Pool
+
+	// Mode is the writers' mode. Default ModeTable.
+	Mode Mode
+
+	// StandbyRetry is how often a standby asks for the slot while another relay reads it: the
+	// bound on a takeover after the active relay's connection closes. Default 100ms.
+	StandbyRetry time.Duration
+
+	// StatusInterval is the most time between two standby status updates to the server, which
+	// carry the confirmed position. Default 1s.
+	StatusInterval time.Duration
+
+	// FlushInterval and FlushRows bound how long, and for how many published rows, the removal of
+	// published outbox rows (and the checkpoint with it) waits, in one DELETE. Defaults 1s and 1000.
+	FlushInterval time.Duration
+	FlushRows     int
+
+	// Window is the most events read ahead of the oldest unpublished one. A key that backs off holds
+	// the confirmed position, and past Window events behind it, the reading. Default 10000.
+	Window int
+
+	// SlotName and PublicationName override the names derived from the schema and the
+	// forwarder's Name ("outboxkit_<schema>_<name>", lowercase, at most 63 bytes).
+	SlotName        string
+	PublicationName string
+}
+
+// Relay reads the outbox from a replication slot and publishes it. Run may run once at a time.
+type Relay struct {
+	cfg    Config
+	fwd    *forwarder.Forwarder
+	fcfg   forwarder.Config
+	schema string
+	log    watermill.LoggerAdapter
+	fields watermill.LogFields
+
+	running atomic.Bool
+	active  atomic.Bool // reading the slot now
+	hooks   hooks
+
+	mu       sync.Mutex
+	activeCh chan struct{} // closed when the relay starts reading the slot; replaced when it stops
+}
+
+// hooks let tests provoke faults. They are nil in production.
+type hooks struct {
+	// crash makes Run return at ctx's end without its last flush and acknowledgement, as a
+	// killed process would.
+	crash bool
+}
+
+// New validates cfg and builds a Relay. It does not touch the database.
+func New(cfg Config) (*Relay, error) {
+	var errs []error
+	if cfg.Forwarder == nil {
+		errs = append(errs, errors.New("field Forwarder is required: build one with forwarder.New (its Publisher receives the events)"))
+	}
+	if cfg.Pool == nil {
+		errs = append(errs, errors.New("field Pool is required: a pgxpool.Pool on the database holding the outbox"))
+	}
+	if cfg.Mode == "" {
+		cfg.Mode = ModeTable
+	}
+	if cfg.Mode != ModeTable {
+		errs = append(errs, fmt.Errorf("field Mode: unknown mode %q (known: %q)", cfg.Mode, ModeTable))
+	}
+	def := func(d *time.Duration, v time.Duration, field string) {
+		if *d == 0 {
+			*d = v
+		}
+		if *d < 0 {
+			errs = append(errs, fmt.Errorf("field %s must be positive, got %s", field, *d))
+		}
+	}
+	def(&cfg.StandbyRetry, DefaultStandbyRetry, "StandbyRetry")
+	def(&cfg.StatusInterval, DefaultStatusInterval, "StatusInterval")
+	def(&cfg.FlushInterval, DefaultFlushInterval, "FlushInterval")
+	if cfg.FlushRows == 0 {
+		cfg.FlushRows = DefaultFlushRows
+	}
+	if cfg.Window == 0 {
+		cfg.Window = DefaultWindow
+	}
+	if cfg.FlushRows < 1 || cfg.Window < 1 {
+		errs = append(errs, fmt.Errorf("fields FlushRows and Window must be at least 1, got %d and %d", cfg.FlushRows, cfg.Window))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("pglog config: %w", err)
+	}
+	fcfg := cfg.Forwarder.Config()
+	r := &Relay{cfg: cfg, fwd: cfg.Forwarder, fcfg: fcfg, schema: fcfg.Store.Info().Schema, log: fcfg.Logger,
+		activeCh: make(chan struct{})}
+	if r.schema == "" {
+		r.schema = "outboxkit"
+	}
+	base := slotIdent("outboxkit_" + r.schema + "_" + fcfg.Name)
+	if len("outboxkit_"+r.schema+"_"+fcfg.Name) > 63 {
+		// Too long for a name: keep its start, and a hash of the whole so that names stay apart.
+		sum := sha256.Sum256([]byte(r.schema + "\x00" + fcfg.Name))
+		base = base[:50] + "_" + hex.EncodeToString(sum[:6])
+	}
+	if cfg.SlotName == "" {
+		r.cfg.SlotName = base
+	}
+	if cfg.PublicationName == "" {
+		r.cfg.PublicationName = base
+	}
+	if r.cfg.SlotName != slotIdent(r.cfg.SlotName) {
+		return nil, fmt.Errorf("pglog config: field SlotName %q: a slot name has only lowercase letters, digits and underscores, at most 63", r.cfg.SlotName)
+	}
+	r.fields = watermill.LogFields{"relay": fcfg.Name, "slot": r.cfg.SlotName}
+	return r, nil
+}
+
+// slotIdent turns s into a valid replication slot name: lowercase letters, digits and
+// underscores, at most 63 bytes.
+func slotIdent(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') || r == '_' {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('_')
+		}
+		if b.Len() >= 63 {
+			break
+		}
+	}
+	return b.String()
+}
+
+// SlotName is the replication slot the relay reads.
+func (r *Relay) SlotName() string { return r.cfg.SlotName }
+
+// Active reports whether the relay reads its slot now (false while it waits as a standby).
+func (r *Relay) Active() bool { return r.active.Load() }
+
+// Reading returns a channel closed once the relay reads its slot (after a backfill, if any): from
+// then on events committed arrive. After the relay loses the slot, a new channel is returned.
+func (r *Relay) Reading() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.activeCh
+}
+
+func (r *Relay) setActive(on bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.active.Swap(on) == on {
+		return
+	}
+	if on {
+		close(r.activeCh)
+	} else {
+		r.activeCh = make(chan struct{})
+	}
+}
+
+// Run relays until ctx ends, then flushes what it published, confirms it to the server and returns
+// nil once every goroutine it started has stopped.
+//
+// It checks the server at start and returns an error saying what to do when the relay cannot
+// work there: wal_level not logical, a role without REPLICATION, no free replication slot, a
+// publication altered by hand, a slot made for something else, the outbox not migrated. Lost
+// connections and broker outages never end it: it reconnects with the forwarder's
+// CircuitBackoff and reads again from the slot's confirmed position (events published but not yet
+// confirmed are published again: a duplicate, never a loss). While another relay reads the slot
+// it waits as a standby.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("pglog: Run is already running on this Relay; create another Relay for a standby")
+	}
+	defer r.running.Store(false)
+	if err := r.checkServer(ctx); err != nil {
+		return err
+	}
+	r.log.Info("Log relay starting", r.fields)
+	failures := 0
+	standby := false
+	for {
+		err := r.session(ctx)
+		r.setActive(false)
+		if ctx.Err() != nil {
+			r.log.Info("Log relay stopped", r.fields)
+			return nil
+		}
+		var wait time.Duration
+		switch {
+		case errors.Is(err, errSlotBusy):
+			if !standby {
+				r.log.Info("Another relay reads the slot: standing by", r.fields)
+			}
+			standby, failures, wait = true, 0, r.cfg.StandbyRetry
+		case isFatal(err):
+			return fmt.Errorf("log relay %s: %w", r.fcfg.Name, err)
+		default:
+			standby = false
+			failures++
+			wait = r.fcfg.CircuitBackoff.Delay(failures)
+			r.log.Error("Log relay session failed, reading again from the slot's confirmed position", err,
+				r.fields.Add(watermill.LogFields{"retry_in": wait}))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// fatalError is a condition no retry ends: the relay returns it.
+type fatalError struct{ err error }
+
+func (e fatalError) Error() string { return e.err.Error() }
+func (e fatalError) Unwrap() error { return e.err }
+
+func fatal(format string, args ...any) error { return fatalError{fmt.Errorf(format, args...)} }
+
+func isFatal(err error) bool {
+	var f fatalError
+	return errors.As(err, &f)
+}
+
+var errSlotBusy = errors.New("the replication slot is read by another relay")

@@ -1,0 +1,53 @@
+package forwarder
+
+import (
+	"context"
+
+	"github.com/outboxkit/outboxkit/store"
+)
+
+// Delivery is what PublishRows did with rows another source read.
+type Delivery struct {
+	// Result counts the rows as a pass does (Claimed is how many were given), and says whether the
+	// broker could not be reached (UnreachableErr; the circuit is open) or was not tried because
+	// the circuit is open (CircuitOpen, RetryAt).
+	Result
+	// Published are the Seq of the rows the broker confirmed.
+	Published []int64
+	// Failed are the rows whose publish failed because of the message: each is to be tried again
+	// at NextAttemptAt, or, DeadLettered, parked for an operator. The caller records them.
+	Failed []store.FailedRow
+}
+
+// PublishRows publishes outbox rows that another source read — the log relay of package
+// forwarder/pglog, which reads them from Postgres's write-ahead log instead of claiming them —
+// through the path of a pass: rows grouped by partition key, each key's rows in the order given
+// and stopped at its first failure, up to MaxInFlight keys at once, the broker circuit (a
+// half-open circuit probes with the first row alone), PublishTimeout, TopicMapping, tracing,
+// metrics and logs. A failed row's Attempts is the count of its failures so far: it backs off by
+// Backoff or, at MaxAttempts or when permanent, is dead-lettered.
+//
+// It records nothing in the store: the caller keeps track of its rows and records the dead
+// letters. Seq identifies a row in the Delivery and must be unique among rows. Rows neither
+// published nor failed were released untouched (behind a failure of their key, a paused topic,
+// the broker unreachable, or ctx ended). Safe for concurrent use.
+func (f *Forwarder) PublishRows(ctx context.Context, rows []store.OutboxRow) Delivery {
+	inFlight := f.cfg.MaxInFlight
+	released := 0
+	switch state, retryAt := f.circuit.state(f.cfg.Now()); state {
+	case CircuitOpen:
+		return Delivery{Result: Result{Claimed: len(rows), Released: len(rows), CircuitOpen: true, RetryAt: retryAt}}
+	case CircuitHalfOpen:
+		if len(rows) > 1 {
+			released, rows, inFlight = len(rows)-1, rows[:1], 1 // probe the broker with a single message
+		}
+	}
+	publishCtx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
+	out := f.publishGroups(publishCtx, groupByKey(rows), inFlight)
+	cancel()
+	out.released += released
+	o, dead := f.outcome(out)
+	d := Delivery{Result: Result{Claimed: len(rows) + released}, Published: o.Published, Failed: o.Failed}
+	f.report(rows, out, o, dead, &d.Result)
+	return d
+}
