@@ -381,7 +381,10 @@ func TestDroppedSlotBackfillsTheGap(t *testing.T) {
 	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox`); n != 0 {
 		t.Fatalf("%d published rows left in the outbox after a clean stop", n)
 	}
-	pg.Exec(t, `SELECT pg_drop_replication_slot($1)`, r.SlotName())
+	testenv.Eventually(t, 10*time.Second, "the slot dropped once its reader has gone", func() bool {
+		_, err := pg.Pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, r.SlotName())
+		return err == nil
+	})
 	var gap []string
 	for i := range 5 {
 		gap = append(gap, write(t, pg, fmt.Sprintf("k%d", i), 3)...)
