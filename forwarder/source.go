@@ -22,8 +22,8 @@ type Delivery struct {
 // PublishRows publishes outbox rows that another source read — the log relay of package
 // forwarder/pglog, which reads them from Postgres's write-ahead log instead of claiming them —
 // through the path of a pass: rows grouped by partition key, each key's rows in the order given
-// and stopped at its first failure, up to MaxInFlight keys at once, the broker circuit (a
-// half-open circuit probes with the first row alone), PublishTimeout, TopicMapping, tracing,
+// and stopped at its first failure, up to MaxInFlight keys at once, the broker circuit (an
+// open circuit watches the broker; a half-open one probes with the first row alone), PublishTimeout, TopicMapping, tracing,
 // metrics and logs. A failed row's Attempts is the count of its failures so far: it backs off by
 // Backoff or, at MaxAttempts or when permanent, is dead-lettered.
 //
@@ -34,9 +34,15 @@ type Delivery struct {
 func (f *Forwarder) PublishRows(ctx context.Context, rows []store.OutboxRow) Delivery {
 	inFlight := f.cfg.MaxInFlight
 	released := 0
-	switch state, retryAt := f.circuit.state(f.cfg.Now()); state {
+	now := f.cfg.Now()
+	state, _ := f.circuit.state(now)
+	if state == CircuitOpen && f.watchBroker(ctx, now) {
+		state = CircuitHalfOpen // the broker answers again: publish now
+	}
+	switch state {
 	case CircuitOpen:
-		return Delivery{Result: Result{Claimed: len(rows), Released: len(rows), CircuitOpen: true, RetryAt: retryAt}}
+		_, watching := f.cfg.Publisher.(checker)
+		return Delivery{Result: Result{Claimed: len(rows), Released: len(rows), CircuitOpen: true, RetryAt: f.circuit.nextWake(watching)}}
 	case CircuitHalfOpen:
 		if len(rows) > 1 {
 			released, rows, inFlight = len(rows)-1, rows[:1], 1 // probe the broker with a single message

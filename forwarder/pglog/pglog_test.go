@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/forwarder/pglog"
 	"github.com/outboxkit/outboxkit/internal/testenv"
@@ -572,5 +574,75 @@ func TestStandbyTakesOverAfterSIGKILL(t *testing.T) {
 	t.Logf("takeover %s after SIGKILL; %d duplicates", takeover, dups)
 	if dups > before {
 		t.Errorf("%d duplicates, more than the %d events the killed relay had published", dups, before)
+	}
+}
+
+// failing is a broker that refuses the messages of one key, and can be made unreachable.
+type failing struct {
+	*recorder
+	badKey string
+	down   atomic.Bool
+	calls  atomic.Int64
+}
+
+func (f *failing) Publish(topic string, msgs ...*message.Message) error {
+	f.calls.Add(1)
+	if f.down.Load() {
+		return outboxkit.Unreachable(errors.New("connection refused"))
+	}
+	for _, m := range msgs {
+		if m.Metadata.Get(outboxkit.MetadataPartitionKey) == f.badKey {
+			return errors.New("message too large")
+		}
+	}
+	return f.recorder.Publish(topic, msgs...)
+}
+
+// A key the broker keeps refusing backs off and is dead-lettered alone, in the outbox; the other
+// keys flow meanwhile and the slot moves past it.
+func TestFailingKeyIsDeadLetteredAlone(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewLogicalPG(t)
+	pub := &failing{recorder: newRecorder(), badKey: "bad"}
+	r := relayOn(t, pg, pub, func(f *forwarder.Config, _ *pglog.Config) { f.MaxAttempts = 3 })
+	run(t, r)
+	bad := write(t, pg, "bad", 1)
+	good := write(t, pg, "good", 3)
+	testenv.Eventually(t, 10*time.Second, "the other key's events", func() bool { return pub.has(good) })
+	testenv.Eventually(t, 10*time.Second, "the refused event dead-lettered after 3 attempts", func() bool {
+		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE dead_lettered_at IS NOT NULL AND attempts = 3 AND uuid = $1::uuid`, bad[0]) == 1
+	})
+	after := write(t, pg, "good", 2)
+	end := pg.Int(t, `SELECT (pg_current_wal_lsn() - '0/0')::bigint`)
+	testenv.Eventually(t, 10*time.Second, "events after the dead letter", func() bool { return pub.has(after) })
+	testenv.Eventually(t, 10*time.Second, "the slot past the dead letter", func() bool {
+		return pg.Int(t, `SELECT (confirmed_flush_lsn - '0/0')::bigint FROM pg_replication_slots WHERE slot_name = $1`, r.SlotName()) >= end
+	})
+	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox`); n != 1 {
+		t.Errorf("%d rows left in the outbox, want the dead letter alone", n)
+	}
+}
+
+// A broker outage opens the circuit and burns no attempt: with MaxAttempts 1, nothing is
+// dead-lettered, and everything arrives once the broker is back.
+func TestBrokerOutageBurnsNoAttempts(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewLogicalPG(t)
+	pub := &failing{recorder: newRecorder()}
+	pub.down.Store(true)
+	r := relayOn(t, pg, pub, func(f *forwarder.Config, _ *pglog.Config) {
+		f.MaxAttempts = 1
+		f.CircuitBackoff = forwarder.Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 2}
+	})
+	run(t, r)
+	var ids []string
+	for i := range 5 {
+		ids = append(ids, write(t, pg, fmt.Sprintf("k%d", i), 2)...)
+	}
+	testenv.Eventually(t, 10*time.Second, "the relay tried the broker several times", func() bool { return pub.calls.Load() >= 3 })
+	pub.down.Store(false)
+	testenv.Eventually(t, 10*time.Second, "every event once the broker is back", func() bool { return pub.has(ids) })
+	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE dead_lettered_at IS NOT NULL`); n != 0 {
+		t.Errorf("%d rows dead-lettered by an outage", n)
 	}
 }
