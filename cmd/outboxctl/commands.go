@@ -13,9 +13,12 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/outboxkit/outboxkit/backends"
 	_ "github.com/outboxkit/outboxkit/backends/allbackends" // every broker URL
 	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/forwarder/pglog"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store"
@@ -105,6 +108,9 @@ type Status struct {
 	Consumers []middleware.ConsumerStats `json:"consumers"`
 	// Brokers is each consumer's backlog in the broker, with --broker and --topic.
 	Brokers []ConsumerLag `json:"brokers,omitempty"`
+	// LogRelays are the replication slots of the log relays (forwarder/pglog) that ran on this
+	// outbox, on Postgres.
+	LogRelays []forwarder.SlotStatus `json:"log_relays,omitempty"`
 }
 
 // ConsumerLag is one consumer group's backlog in the broker. Unacked and OldestAgeSeconds are
@@ -175,11 +181,35 @@ func (e *env) status(ctx context.Context, args []string) error {
 			st.Brokers = append(st.Brokers, cl)
 		}
 	}
+	if st.LogRelays, err = e.logRelays(ctx, db.Info().Schema); err != nil {
+		return err
+	}
 	if *asJSON {
 		return json.NewEncoder(e.stdout).Encode(st)
 	}
 	fmt.Fprintf(e.stdout, "outbox: %d pending (oldest %s), %d dead-lettered (oldest %s)\n",
 		s.Pending, s.OldestPendingAge.Round(time.Millisecond), s.DeadLettered, s.OldestDeadLettered.Round(time.Second))
+	if len(st.LogRelays) > 0 {
+		tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "LOG RELAY\tSLOT\tMODE\tREADER\tWAL STATUS\tLAG\tRETAINED\tSAFE WAL")
+		for _, r := range st.LogRelays {
+			reader, status, safe := "none", r.WALStatus, "unlimited"
+			if r.Active {
+				reader = "attached"
+			}
+			if !r.Exists {
+				status = "MISSING"
+			}
+			if r.SafeWALBytes >= 0 {
+				safe = bytesText(r.SafeWALBytes)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.Relay, r.Slot, r.Mode, reader, status,
+				bytesText(r.LagBytes), bytesText(r.RetainedBytes), safe)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	if st.Brokers == nil {
 		fmt.Fprintln(tw, "CONSUMER\tPROCESSED\tDUPLICATES\tDEAD LETTERS\tPARKED")
@@ -204,6 +234,32 @@ func (e *env) status(ctx context.Context, args []string) error {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", c.Consumer, c.Processed, c.Duplicates, c.DeadLetters, c.Parked, waiting, unacked, oldest)
 	}
 	return tw.Flush()
+}
+
+// logRelays reads the slots of the log relays on a Postgres outbox; other databases have none.
+func (e *env) logRelays(ctx context.Context, schema string) ([]forwarder.SlotStatus, error) {
+	lower := strings.ToLower(e.dbURL)
+	if !strings.HasPrefix(lower, "postgres://") && !strings.HasPrefix(lower, "postgresql://") {
+		return nil, nil
+	}
+	pool, err := pgxpool.New(ctx, e.dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("read the log relays' slots: %w", err)
+	}
+	defer pool.Close()
+	return pglog.ReadSlots(ctx, pool, schema)
+}
+
+func bytesText(n int64) string {
+	switch {
+	case n >= 1<<30:
+		return fmt.Sprintf("%.1f GiB", float64(n)/(1<<30))
+	case n >= 1<<20:
+		return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+	case n >= 1<<10:
+		return fmt.Sprintf("%.1f KiB", float64(n)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", n)
 }
 
 func (e *env) prune(ctx context.Context, args []string) error {

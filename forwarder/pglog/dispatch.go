@@ -2,10 +2,12 @@ package pglog
 
 import (
 	"context"
+	"crypto/md5"
 	"fmt"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
 
 	"github.com/outboxkit/outboxkit/store"
@@ -31,6 +33,7 @@ type dispatcher struct {
 	pendingDel  []string // published rows' uuids, removed at the next flush
 	lastFlush   time.Time
 	pauseUntil  time.Time // the broker circuit's probe time
+	bad         []*entry  // messages that do not decode, to dead-letter
 }
 
 func newDispatcher(s *session) *dispatcher {
@@ -42,6 +45,10 @@ func (d *dispatcher) window() int { return len(d.fifo) - d.head }
 func (d *dispatcher) add(it item) {
 	e := &entry{item: it, done: it.end > 0}
 	d.fifo = append(d.fifo, e)
+	if it.bad != nil {
+		e.done = true // once dead-lettered, below
+		d.bad = append(d.bad, e)
+	}
 }
 
 // run publishes until in is closed. stop is the relay's context: once it ends, nothing new is
@@ -75,6 +82,9 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 		}
 		if !open {
 			break
+		}
+		if err := d.deadLetterBad(ctx); err != nil {
+			return err
 		}
 		now := r.fcfg.Now()
 		var batch []*entry
@@ -129,6 +139,9 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 		if timer != nil {
 			timer.Stop()
 		}
+	}
+	if err := d.deadLetterBad(ctx); err != nil {
+		return err
 	}
 	d.advance()
 	if r.hooks.crash && stop.Err() != nil {
@@ -206,16 +219,65 @@ func (d *dispatcher) publish(ctx, stop context.Context, batch []*entry) error {
 	return nil
 }
 
-// deadLetter parks a row the broker keeps refusing, in the outbox, for an operator.
-func (d *dispatcher) deadLetter(ctx context.Context, e *entry, errText string) error {
-	r := d.s.r
-	_, err := r.cfg.Pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET attempts = $2, last_error = $3, dead_lettered_at = $4
-		WHERE uuid = $1::uuid AND published_at IS NULL`, r.table("outbox")),
-		e.delKey, e.row.Attempts, errText, r.fcfg.Now())
-	if err != nil {
-		return fmt.Errorf("dead-letter outbox row %d: %w", e.row.Seq, err)
+// deadLetterBad dead-letters the messages that do not decode: they are kept for an operator, and
+// the slot moves past them.
+func (d *dispatcher) deadLetterBad(ctx context.Context) error {
+	for len(d.bad) > 0 {
+		e := d.bad[0]
+		e.row.UUID = uuid.NewString()
+		e.row.Topic = "outboxkit.undecodable"
+		if err := d.deadLetter(ctx, e, fmt.Sprintf("a logical decoding message with the outbox's prefix at %s does not decode: %v", e.lsn, e.bad)); err != nil {
+			return err
+		}
+		d.s.r.log.Error("Undecodable outbox message dead-lettered", e.bad, d.s.r.fields.Add(watermill.LogFields{"lsn": e.lsn.String()}))
+		e.row.Payload = nil
+		d.bad = d.bad[1:]
 	}
 	return nil
+}
+
+// deadLetter parks an event the broker keeps refusing, in the outbox, for an operator: an outbox
+// row is marked, a message of the log is written as a dead-lettered row (which the relay, reading
+// it back, skips).
+func (d *dispatcher) deadLetter(ctx context.Context, e *entry, errText string) error {
+	r := d.s.r
+	var err error
+	if e.delKey != "" {
+		_, err = r.cfg.Pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET attempts = $2, last_error = $3, dead_lettered_at = $4
+			WHERE uuid = $1::uuid AND published_at IS NULL`, r.table("outbox")),
+			e.delKey, e.row.Attempts, errText, r.fcfg.Now())
+	} else {
+		key, text := storedID(e.row.UUID)
+		var pkey any
+		if e.row.PartitionKey != "" {
+			pkey = e.row.PartitionKey
+		}
+		metadata := string(e.row.Metadata)
+		if metadata == "" {
+			metadata = "{}"
+		}
+		payload := e.row.Payload
+		if payload == nil {
+			payload = []byte{}
+		}
+		_, err = r.cfg.Pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, uuid_text, topic, partition_key, payload, metadata, created_at,
+			attempts, last_error, dead_lettered_at) VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (uuid) DO NOTHING`,
+			r.table("outbox")), key, text, e.row.Topic, pkey, payload, metadata, e.row.CreatedAt, e.row.Attempts, errText, r.fcfg.Now())
+	}
+	if err != nil {
+		return fmt.Errorf("dead-letter event %s: %w", e.row.UUID, err)
+	}
+	return nil
+}
+
+// storedID is how the outbox keys a message id (as pgxstore writes it): a canonical lowercase
+// UUID as itself, any other id as the UUID-shaped md5 of its text, with the text beside it.
+func storedID(id string) (key string, text any) {
+	if u, err := uuid.Parse(id); err == nil && u.String() == id {
+		return id, nil
+	}
+	sum := md5.Sum([]byte(id))
+	return uuid.UUID(sum).String(), id
 }
 
 // advance drops the done entries at the head of the window; passing a transaction's end makes its
@@ -252,7 +314,7 @@ func (d *dispatcher) flush(ctx context.Context) error {
 	defer cancel()
 	_, err := r.cfg.Pool.Exec(fctx, fmt.Sprintf(`WITH removed AS (DELETE FROM %s WHERE uuid = ANY($1::uuid[]) AND dead_lettered_at IS NULL)
 		INSERT INTO %s AS c (name, slot_name, mode, confirmed_lsn) VALUES ($2, $3, $4, $5::text::pg_lsn)
-		ON CONFLICT (name) DO UPDATE SET confirmed_lsn = GREATEST(c.confirmed_lsn, excluded.confirmed_lsn), updated_at = now()`,
+		ON CONFLICT (name) DO UPDATE SET confirmed_lsn = GREATEST(c.confirmed_lsn, excluded.confirmed_lsn), mode = excluded.mode, updated_at = now()`,
 		r.table("outbox"), r.table("log_relays")),
 		d.pendingDel, r.fcfg.Name, r.cfg.SlotName, string(r.cfg.Mode), d.confirmable.String())
 	if err != nil {

@@ -213,7 +213,7 @@ func TestCommittedEventsArriveOnceInCommitOrderPerKey(t *testing.T) {
 					for i := range msgs {
 						ids[i] = uuid.Must(uuid.NewV7()).String()
 						msgs[i] = store.OutboxMessage{UUID: ids[i], Topic: "orders", PartitionKey: key,
-							Payload: fmt.Appendf(nil, "%s:%06d:%d", key, version, i), Metadata: []byte("{}")}
+							Payload: fmt.Appendf(nil, "%s:%06d:%d", key, version, i), Metadata: fmt.Appendf(nil, `{"id":%q}`, ids[i])}
 					}
 					if err := pg.Store.UnwrapTx(tx).InsertOutbox(ctx, msgs); err != nil {
 						return err
@@ -261,6 +261,9 @@ func TestCommittedEventsArriveOnceInCommitOrderPerKey(t *testing.T) {
 	pub.mu.Lock()
 	defer pub.mu.Unlock()
 	for _, m := range pub.order {
+		if got := m.Metadata.Get("id"); got != m.UUID {
+			t.Errorf("message %s arrived with the metadata of %q", m.UUID, got)
+		}
 		p := string(m.Payload)
 		key := p[:strings.IndexByte(p, ':')]
 		if prev, ok := last[key]; ok && p <= prev {

@@ -46,7 +46,16 @@ const (
 	// ModeTable reads the rows writers insert into the outbox table, as for the polling relay: the
 	// operator's tools, dead letters and a backfill after a lost slot keep working.
 	ModeTable Mode = "table"
+	// ModeWAL reads the logical decoding messages writers emit in their transactions instead of
+	// rows (pgxstore.Config.WAL): nothing is written to a table, and nothing can be backfilled, so
+	// a lost slot stops the relay (ErrSlotLost) unless SkipLostEvents. Postgres 14 or newer.
+	ModeWAL Mode = "wal"
 )
+
+// ErrSlotLost is returned by Run in ModeWAL when the relay group's slot is gone (dropped, or
+// invalidated past max_slot_wal_keep_size) after the relay read from it: the events it held
+// cannot be read again.
+var ErrSlotLost = errors.New("the replication slot of a relay in WAL mode is lost, and with it the events written to the log since its last confirmed position")
 
 // Defaults for Config fields left at their zero value.
 const (
@@ -90,6 +99,11 @@ type Config struct {
 	// the confirmed position, and past Window events behind it, the reading. Default 10000.
 	Window int
 
+	// SkipLostEvents lets a relay in ModeWAL whose slot is lost make a new one and go on, without
+	// the events the lost slot held (they are not published). Default false: Run returns
+	// ErrSlotLost.
+	SkipLostEvents bool
+
 	// SlotName and PublicationName override the names derived from the schema and the
 	// forwarder's Name ("outboxkit_<schema>_<name>", lowercase, at most 63 bytes).
 	SlotName        string
@@ -105,9 +119,10 @@ type Relay struct {
 	log    watermill.LoggerAdapter
 	fields watermill.LogFields
 
-	running atomic.Bool
-	active  atomic.Bool // reading the slot now
-	hooks   hooks
+	running  atomic.Bool
+	active   atomic.Bool // reading the slot now
+	slotLost atomic.Bool // in WAL mode, the slot was found lost and Run stopped
+	hooks    hooks
 
 	mu       sync.Mutex
 	activeCh chan struct{} // closed when the relay starts reading the slot; replaced when it stops
@@ -132,8 +147,8 @@ func New(cfg Config) (*Relay, error) {
 	if cfg.Mode == "" {
 		cfg.Mode = ModeTable
 	}
-	if cfg.Mode != ModeTable {
-		errs = append(errs, fmt.Errorf("field Mode: unknown mode %q (known: %q)", cfg.Mode, ModeTable))
+	if cfg.Mode != ModeTable && cfg.Mode != ModeWAL {
+		errs = append(errs, fmt.Errorf("field Mode: unknown mode %q (known: %q, %q)", cfg.Mode, ModeTable, ModeWAL))
 	}
 	def := func(d *time.Duration, v time.Duration, field string) {
 		if *d == 0 {

@@ -1,6 +1,7 @@
 package pglog
 
 import (
+	"bytes"
 	"context"
 	"encoding/hex"
 	"errors"
@@ -18,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgproto3"
 	"github.com/jackc/pgx/v5/pgtype"
 
+	"github.com/outboxkit/outboxkit/internal/walmsg"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -27,6 +29,8 @@ type item struct {
 	row    store.OutboxRow
 	delKey string        // the outbox row's uuid, removed once published; "" for none
 	end    pglogrepl.LSN // > 0: a transaction's end
+	lsn    pglogrepl.LSN // a message's position, to name it
+	bad    error         // a message with the outbox's prefix that does not decode
 }
 
 // session is one replication connection's life: set the slot up (backfilling after a lost one),
@@ -106,6 +110,11 @@ func (r *Relay) session(ctx context.Context) error {
 		}
 		cp = checkpoint{exists: true, mode: string(r.cfg.Mode), confirmed: slot.confirmed}
 	}
+	if lost := (slot.exists && slot.walStatus == "lost") || (!slot.exists && cp.exists && cp.confirmed != 0); lost && r.cfg.Mode == ModeWAL && !r.cfg.SkipLostEvents {
+		r.slotLost.Store(true)
+		return fatalError{fmt.Errorf("%w (slot %s, wal_status %q): the events written since cannot be published; "+
+			"set SkipLostEvents to make a new slot and go on without them, after recording what was lost", ErrSlotLost, r.cfg.SlotName, slot.walStatus)}
+	}
 	if slot.exists && slot.walStatus == "lost" {
 		r.log.Error("Replication slot invalidated (wal_status = lost: it retained more than max_slot_wal_keep_size): "+
 			"dropping it and backfilling from the outbox table", nil, r.fields)
@@ -184,6 +193,9 @@ func (r *Relay) session(ctx context.Context) error {
 	}
 
 	args := []string{"proto_version '1'", "publication_names '" + r.cfg.PublicationName + "'"}
+	if r.cfg.Mode == ModeWAL {
+		args = append(args, "messages 'true'")
+	}
 	// Position 0: the slot's confirmed position, never the server's current one.
 	err = pglogrepl.StartReplication(ctx, conn, r.cfg.SlotName, 0, pglogrepl.StartReplicationOptions{
 		Mode: pglogrepl.LogicalReplication, PluginArgs: args})
@@ -320,6 +332,13 @@ func (s *session) read(ctx context.Context) error {
 					}
 				case *pglogrepl.RelationMessage:
 					dec.relations[m.RelationID] = m
+				case *pglogrepl.LogicalDecodingMessage:
+					it, ok := dec.message(m)
+					if ok {
+						if err := s.send(ctx, it, &nextStatus); err != nil {
+							return sendErr(err)
+						}
+					}
 				case *pglogrepl.InsertMessage:
 					it, ok, err := dec.insert(m)
 					if err != nil {
@@ -347,13 +366,15 @@ func sendErr(err error) error {
 // decoder turns pgoutput's messages into outbox rows.
 type decoder struct {
 	r          *Relay
+	prefix     string
+	seq        int64 // the Seq given to messages: negative, so never an outbox row's
 	relations  map[uint32]*pglogrepl.RelationMessage
 	types      *pgtype.Map
 	commitTime time.Time
 }
 
 func newDecoder(r *Relay) *decoder {
-	return &decoder{r: r, relations: map[uint32]*pglogrepl.RelationMessage{}, types: pgtype.NewMap()}
+	return &decoder{r: r, prefix: walmsg.Prefix(r.schema), relations: map[uint32]*pglogrepl.RelationMessage{}, types: pgtype.NewMap()}
 }
 
 func (d *decoder) begin(m *pglogrepl.BeginMessage) { d.commitTime = m.CommitTime }
@@ -403,7 +424,7 @@ func (d *decoder) insert(m *pglogrepl.InsertMessage) (it item, ok bool, err erro
 				return it, false, fmt.Errorf("outbox column payload: %w", err)
 			}
 		case "metadata":
-			row.Metadata = v.Data
+			row.Metadata = bytes.Clone(v.Data) // v.Data is the connection's buffer, read again
 		case "created_at":
 			var t time.Time
 			if err := d.types.Scan(c.DataType, pgtype.TextFormatCode, v.Data, &t); err != nil {
@@ -422,6 +443,22 @@ func (d *decoder) insert(m *pglogrepl.InsertMessage) (it item, ok bool, err erro
 		row.UUID = *uuidText
 	}
 	return item{row: row, delKey: *uuidKey}, true, nil
+}
+
+// message decodes a logical decoding message: ok is false for other prefixes. One with the
+// outbox's prefix that does not decode is handed on as such, to be dead-lettered.
+func (d *decoder) message(m *pglogrepl.LogicalDecodingMessage) (it item, ok bool) {
+	if m.Prefix != d.prefix || d.r.cfg.Mode != ModeWAL {
+		return it, false
+	}
+	d.seq--
+	content := bytes.Clone(m.Content) // m.Content is the connection's buffer, read again
+	e, err := walmsg.Decode(content)
+	if err != nil {
+		return item{row: store.OutboxRow{Seq: d.seq, Payload: content, CreatedAt: d.commitTime}, bad: err, lsn: m.LSN}, true
+	}
+	return item{row: store.OutboxRow{Seq: d.seq, UUID: e.UUID, Topic: e.Topic, PartitionKey: e.PartitionKey,
+		Payload: e.Payload, Metadata: e.Metadata, CreatedAt: d.commitTime}, lsn: m.LSN}, true
 }
 
 // backfill publishes the outbox rows left in the table — the events the relay may not have

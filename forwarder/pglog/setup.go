@@ -54,6 +54,10 @@ func (r *Relay) checkServer(ctx context.Context) error {
 	if version < 100000 {
 		return fmt.Errorf("log relay %s: the server is Postgres %d.%d; the log relay needs 10 or newer (pgoutput)", r.fcfg.Name, version/10000, version%10000)
 	}
+	if r.cfg.Mode == ModeWAL && version < 140000 {
+		return fmt.Errorf("log relay %s: the server is Postgres %d.%d, and WAL mode needs 14 or newer (pgoutput carries logical decoding messages from 14): "+
+			"upgrade, or use Mode pglog.ModeTable (writers without pgxstore.Config.WAL)", r.fcfg.Name, version/10000, version%10000)
+	}
 	if !replication {
 		return fmt.Errorf("log relay %s: role %s may not open a replication connection: grant it the attribute "+
 			"(ALTER ROLE %s REPLICATION; on Amazon RDS: GRANT rds_replication TO %s) or connect the relay as a role that has it",

@@ -41,7 +41,19 @@ type Config struct {
 	// ListenRetry is the wait before the LISTEN connection is opened again after it failed.
 	// Default 2s.
 	ListenRetry time.Duration
+	// WAL writes each event as a logical decoding message in the writer's transaction
+	// (pg_logical_emit_message(true, 'outboxkit:<schema>', envelope); with Transact, in the
+	// COMMIT's round trip) instead of an outbox row: no row, no index entry, nothing to delete.
+	// Only the log relay reads them (package forwarder/pglog with Mode pglog.ModeWAL), so writers
+	// refuse (ErrNoWALRelay) until it has made its replication slot, and a lost slot loses the
+	// events it held: see "Choosing a relay" in the README. Needs Postgres 14 or newer with
+	// wal_level = logical. Default false: outbox rows.
+	WAL bool
 }
+
+// ErrNoWALRelay is returned to writers of a store in WAL mode before a log relay in WAL mode has
+// made its replication slot.
+var ErrNoWALRelay = pg.ErrNoWALRelay
 
 // Store is a store.Driver[pgx.Tx].
 type Store struct {
@@ -58,7 +70,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 		return nil, errors.New("pgxstore: pool is nil: create one (pgxpool.New, or pgxstore.Open) and pass it")
 	}
 	pcfg := pg.Config{Schema: cfg.Schema, Driver: "pgx", NativeArrays: true, DisableNotify: cfg.DisableNotify,
-		ListenRetry: cfg.ListenRetry}
+		ListenRetry: cfg.ListenRetry, WAL: cfg.WAL}
 	if !cfg.PollOnly {
 		pcfg.ListenConnect = func(ctx context.Context) (*pgx.Conn, error) {
 			c := pool.Config().ConnConfig.Copy()

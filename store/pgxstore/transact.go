@@ -9,6 +9,7 @@ import (
 
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store"
+	"github.com/outboxkit/outboxkit/store/internal/dbexec/pgxexec"
 	"github.com/outboxkit/outboxkit/store/internal/pg"
 )
 
@@ -78,6 +79,9 @@ func (s *Store) Transact(ctx context.Context, opts pgx.TxOptions, fn func(tx pgx
 	default:
 		// Outside a transaction the INSERT would commit on its own: refuse it.
 		return fmt.Errorf("pgxstore.Transact: the transaction ended inside fn (session status %q); the outbox rows were not written", st)
+	}
+	if err := s.d.CheckWALRelay(ctx, pgxexec.Tx(tx)); err != nil {
+		return err
 	}
 	query, args, err := s.d.OutboxInsert(buf.rows)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/internal/pgerr"
+	"github.com/outboxkit/outboxkit/internal/walmsg"
 	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/internal/dbexec"
 	"github.com/outboxkit/outboxkit/store/internal/sqlstore"
@@ -43,11 +45,14 @@ type Config struct {
 	ListenConnect func(ctx context.Context) (*pgx.Conn, error)
 	// ListenRetry is the wait before the LISTEN connection is opened again. Default 2s.
 	ListenRetry time.Duration
+	// WAL writes events as logical decoding messages instead of outbox rows (see pgxstore.Config).
+	WAL bool
 }
 
 // Dialect is Postgres.
 type Dialect struct {
 	cfg                         Config
+	walReady                    atomic.Bool // a log relay in WAL mode has its slot
 	schema                      Name
 	q                           sqlstore.Queries
 	claim, markFailed           string
@@ -279,10 +284,62 @@ func canonicalUUID(id string) bool {
 // OutboxInsert is the writers' INSERT of msgs in d's schema, with the wake-up unless
 // DisableNotify: what InsertOutbox runs, and what pgxstore.Transact sends with the COMMIT.
 func (d *Dialect) OutboxInsert(msgs []store.OutboxMessage) (string, []any, error) {
+	if d.cfg.WAL {
+		return EmitQuery(d.schema, msgs)
+	}
 	return InsertQuery(d.schema, msgs, !d.cfg.DisableNotify)
 }
 
+// EmitQuery builds the statement that writes msgs to the write-ahead log as transactional logical
+// decoding messages, in order, one statement however many: nothing is written to a table.
+func EmitQuery(schema Name, msgs []store.OutboxMessage) (string, []any, error) {
+	if len(msgs) > MaxMessagesPerInsert {
+		return "", nil, fmt.Errorf("%d messages in one call; split them into calls of at most %d", len(msgs), MaxMessagesPerInsert)
+	}
+	var q strings.Builder
+	args := make([]any, 0, len(msgs)+1)
+	args = append(args, walmsg.Prefix(string(schema)))
+	q.WriteString("SELECT ")
+	for i, m := range msgs {
+		if i > 0 {
+			q.WriteString(", ")
+		}
+		fmt.Fprintf(&q, "pg_logical_emit_message(true, $1, $%d::bytea)", len(args)+1)
+		args = append(args, walmsg.Encode(walmsg.Envelope{UUID: m.UUID, Topic: m.Topic, PartitionKey: m.PartitionKey,
+			Metadata: m.Metadata, Payload: m.Payload}))
+	}
+	return q.String(), args, nil
+}
+
+// ErrNoWALRelay is returned to writers in WAL mode before a log relay in WAL mode has made its
+// replication slot: a message written then would be read by nobody.
+var ErrNoWALRelay = errors.New("no log relay in WAL mode has made its replication slot in this schema yet, so events written " +
+	"to the log now would be read by nobody: start the relay (forwarder/pglog, Mode pglog.ModeWAL) once before the writers")
+
+// CheckWALRelay refuses to write to the log before a log relay in WAL mode has made its slot. Once
+// one has, it costs nothing more: a slot, once made, is kept (and its loss stops the relay loudly).
+func (d *Dialect) CheckWALRelay(ctx context.Context, q dbexec.Querier) error {
+	if !d.cfg.WAL || d.walReady.Load() {
+		return nil
+	}
+	var ok bool
+	err := q.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+d.schema.Ident()+`.log_relays c
+		JOIN pg_replication_slots s ON s.slot_name = c.slot_name AND s.database = current_database()
+		WHERE c.mode = 'wal')`).Scan(&ok)
+	if err != nil {
+		return fmt.Errorf("check for a log relay in WAL mode: %w", err)
+	}
+	if !ok {
+		return ErrNoWALRelay
+	}
+	d.walReady.Store(true)
+	return nil
+}
+
 func (d *Dialect) InsertOutbox(ctx context.Context, q dbexec.Querier, msgs []store.OutboxMessage) error {
+	if err := d.CheckWALRelay(ctx, q); err != nil {
+		return err
+	}
 	query, args, err := d.OutboxInsert(msgs)
 	if err != nil {
 		return err

@@ -1,0 +1,26 @@
+package forwarder
+
+// SlotStatus is a replication slot as a log relay (package forwarder/pglog) reports it: what
+// prom.NewSlotCollector exports and outboxctl status shows.
+type SlotStatus struct {
+	Relay string // the relay group: the forwarder's Name
+	Slot  string // the replication slot's name
+	Mode  string // the writers' mode: "table" or "wal"
+
+	Exists bool // false: the slot is missing (dropped, or lost in a failover)
+	Active bool // a relay reads it now
+	// WALStatus is the server's: "reserved", "extended", "unreserved" (past max_wal_size, to be
+	// invalidated at the next checkpoint unless read), "lost" (invalidated: past
+	// max_slot_wal_keep_size). Empty when the slot is missing.
+	WALStatus string
+	// LagBytes is the WAL written since the slot's confirmed position: how far behind the server
+	// the relay's confirmation is.
+	LagBytes int64
+	// RetainedBytes is the WAL the slot keeps from removal, since its restart position.
+	RetainedBytes int64
+	// SafeWALBytes is how much more WAL can be written before the slot is invalidated; -1 when
+	// max_slot_wal_keep_size is unlimited.
+	SafeWALBytes int64
+	// ConfirmedLSN is the slot's confirmed position ("" when missing).
+	ConfirmedLSN string
+}
