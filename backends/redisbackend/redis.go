@@ -28,6 +28,7 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 	if err != nil {
 		return backends.Parts{}, err
 	}
+	boundPool(ropts, rawURL)
 	client := redis.NewClient(ropts) // connects on first use
 	marshaller := redisMarshaller{wire: brokerio.NewWire(opts)}
 	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client, Marshaller: marshaller}, opts.Logger)
@@ -64,7 +65,7 @@ func classifyRedis(err error) error {
 			return outboxkit.AccessDenied(err)
 		}
 	}
-	if errors.Is(err, redis.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout) || outboxkit.IsUnreachable(err) {
+	if errors.Is(err, redis.ErrClosed) || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrPoolExhausted) || outboxkit.IsUnreachable(err) {
 		return outboxkit.Unreachable(err)
 	}
 	return err

@@ -16,8 +16,8 @@ type Proxy struct {
 
 	mu     sync.Mutex
 	cut    bool
-	frozen chan struct{} // non-nil while frozen; closed by Thaw
-	conns  map[net.Conn]struct{}
+	frozen chan struct{}     // non-nil while frozen; closed by Thaw
+	conns  map[net.Conn]bool // true for the clients' ends
 	wg     sync.WaitGroup
 
 	attempts atomic.Int64
@@ -30,7 +30,7 @@ func Listen(target string) (*Proxy, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{ln: ln, target: target, conns: map[net.Conn]bool{}}
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -49,6 +49,19 @@ func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 // Attempts counts the connections clients have opened to the proxy so far, those refused while it
 // was cut included: how hard a client knocks during an outage.
 func (p *Proxy) Attempts() int64 { return p.attempts.Load() }
+
+// Open counts the clients' connections through the proxy that are open now.
+func (p *Proxy) Open() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, client := range p.conns {
+		if client {
+			n++
+		}
+	}
+	return n
+}
 
 // Cut drops every open connection and refuses new ones until Restore.
 func (p *Proxy) Cut() {
@@ -124,7 +137,7 @@ func (p *Proxy) accept() {
 			_ = server.Close()
 			continue
 		}
-		p.conns[client], p.conns[server] = struct{}{}, struct{}{}
+		p.conns[client], p.conns[server] = true, false
 		p.mu.Unlock()
 		p.wg.Add(2)
 		go p.pipe(client, server)
