@@ -2,7 +2,7 @@
 // against the local Postgres and RabbitMQ. Every figure is the median of several repetitions;
 // every comparison is a ratio of two figures measured in the same round.
 //
-//	go run ./cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|idle|console|all] [--reps 3]
+//	go run ./cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|idle|console|log|all] [--reps 3]
 //	                   [--store postgres|mysql|sqlite] (the drain and write scenarios' store)
 //	                   [--json bench-results/bench.json] [--compare an-earlier-run.json]
 package main
@@ -49,10 +49,18 @@ type config struct {
 	consoleSamples             int
 	consoleBudget              time.Duration
 	consoleReplay, consoleRate int
+
+	logDBURL string
+	logIdle  time.Duration
+	bigTxn   int
 }
 
 func main() {
 	var c config
+	flag.StringVar(&c.logDBURL, "log-db", env("OUTBOXKIT_TEST_PGLOGICAL_URL", "postgres://postgres@127.0.0.1:55432/test?sslmode=disable"),
+		"Postgres with wal_level = logical for --scenario log (scripts/pg-logical.sh start)")
+	flag.DurationVar(&c.logIdle, "log-idle", 10*time.Second, "how long --scenario log measures each relay idle")
+	flag.IntVar(&c.bigTxn, "big-txn", 100000, "events of the one transaction whose relaying --scenario log measures the peak RSS of")
 	flag.StringVar(&c.dbURL, "db", env("OUTBOXKIT_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL")
 	flag.StringVar(&c.brokerURL, "broker", env("OUTBOXKIT_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
 	flag.StringVar(&c.store, "store", "postgres", "the store of the drain and write scenarios: postgres (beside stock Watermill on Postgres), "+
@@ -115,7 +123,7 @@ func run(ctx context.Context, c config) error {
 	var results []series
 	ran := false
 	for _, sc := range scenarios {
-		if c.scenario != sc.name && (c.scenario != "all" || sc.name == "e2e-max" || sc.name == "console") { // e2e runs the search too; console builds 10 M rows
+		if c.scenario != sc.name && (c.scenario != "all" || sc.name == "e2e-max" || sc.name == "console" || sc.name == "log") { // e2e runs the search too; console builds 10 M rows
 			continue
 		}
 		ran = true
@@ -166,6 +174,7 @@ var scenarios = []struct {
 	{"backends", benchBackends},
 	{"idle", benchIdle},
 	{"console", benchConsole},
+	{"log", benchLog},
 }
 
 var scenarioNames = func() []string {

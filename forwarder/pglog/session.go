@@ -365,9 +365,13 @@ func sendErr(err error) error {
 
 // decoder turns pgoutput's messages into outbox rows.
 type decoder struct {
-	r          *Relay
-	prefix     string
-	seq        int64 // the Seq given to messages: negative, so never an outbox row's
+	r      *Relay
+	prefix string
+	// A message's Seq is its transaction's commit position shifted left 16 bits plus its index in
+	// the transaction: unique and increasing in commit order (commits are at least 24 bytes of WAL
+	// apart), and far above any outbox row's seq.
+	finalLSN   pglogrepl.LSN
+	idx        int64
 	relations  map[uint32]*pglogrepl.RelationMessage
 	types      *pgtype.Map
 	commitTime time.Time
@@ -377,7 +381,9 @@ func newDecoder(r *Relay) *decoder {
 	return &decoder{r: r, prefix: walmsg.Prefix(r.schema), relations: map[uint32]*pglogrepl.RelationMessage{}, types: pgtype.NewMap()}
 }
 
-func (d *decoder) begin(m *pglogrepl.BeginMessage) { d.commitTime = m.CommitTime }
+func (d *decoder) begin(m *pglogrepl.BeginMessage) {
+	d.commitTime, d.finalLSN, d.idx = m.CommitTime, m.FinalLSN, 0
+}
 
 // insert decodes an INSERT into the outbox; ok is false for other tables and for rows that are
 // not events to publish (dead letters written as such).
@@ -451,13 +457,14 @@ func (d *decoder) message(m *pglogrepl.LogicalDecodingMessage) (it item, ok bool
 	if m.Prefix != d.prefix || d.r.cfg.Mode != ModeWAL {
 		return it, false
 	}
-	d.seq--
+	d.idx++
+	seq := int64(d.finalLSN)<<16 + d.idx
 	content := bytes.Clone(m.Content) // m.Content is the connection's buffer, read again
 	e, err := walmsg.Decode(content)
 	if err != nil {
-		return item{row: store.OutboxRow{Seq: d.seq, Payload: content, CreatedAt: d.commitTime}, bad: err, lsn: m.LSN}, true
+		return item{row: store.OutboxRow{Seq: seq, Payload: content, CreatedAt: d.commitTime}, bad: err, lsn: m.LSN}, true
 	}
-	return item{row: store.OutboxRow{Seq: d.seq, UUID: e.UUID, Topic: e.Topic, PartitionKey: e.PartitionKey,
+	return item{row: store.OutboxRow{Seq: seq, UUID: e.UUID, Topic: e.Topic, PartitionKey: e.PartitionKey,
 		Payload: e.Payload, Metadata: e.Metadata, CreatedAt: d.commitTime}, lsn: m.LSN}, true
 }
 
