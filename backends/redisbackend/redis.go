@@ -1,5 +1,5 @@
 // Package redisbackend is outboxkit's Redis Streams broker: a stream per topic, a consumer group
-// per consumer group, pending entries of a dead consumer claimed by a live one. It registers
+// per consumer group, pending entries of a dead consumer taken over by a live one within seconds. It registers
 // redis:// and rediss:// with backends.Open.
 package redisbackend
 
@@ -12,7 +12,6 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outboxkit"
@@ -41,19 +40,8 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 			Ping: func(ctx context.Context) error { return client.Ping(ctx).Err() }},
 		Lag: redisLag(client),
 		NewSubscriber: func(group string) (backends.Subscriber, error) {
-			client := redis.NewClient(ropts)
-			sub, err := redisstream.NewSubscriber(redisstream.SubscriberConfig{
-				Client: client, ConsumerGroup: group, Unmarshaller: marshaller,
-				Consumer:      group + "-" + uuid.NewString()[:8], // one name per process, so a dead one's messages can be claimed
-				MaxIdleTime:   opts.ClaimAfter,                    // pending that long with a silent consumer: claimed by another
-				ClaimInterval: opts.ClaimAfter / 3,
-				OldestId:      "0", // a new group reads the stream from its start
-			}, opts.Logger)
-			if err != nil {
-				_ = client.Close()
-				return nil, err
-			}
-			return brokerio.NewRetryingSubscriber(redisSubscriber{Subscriber: sub, client: client, group: group}, group, classifyRedis, opts.Logger), nil
+			sub := newRedisSubscriber(redis.NewClient(ropts), group, opts.Unacked, opts.ClaimAfter, marshaller, opts.Logger)
+			return brokerio.NewRetryingSubscriber(sub, group, classifyRedis, opts.Logger), nil
 		},
 		Close: []func() error{pub.Close, client.Close},
 	}, nil
@@ -69,25 +57,6 @@ func classifyRedis(err error) error {
 		return outboxkit.Unreachable(err)
 	}
 	return err
-}
-
-// redisSubscriber is watermill-redisstream's subscriber (whose Close closes client) with
-// SubscribeInitialize: the group is created on the topic's stream (the stream too, if need be),
-// reading from its start.
-type redisSubscriber struct {
-	*redisstream.Subscriber
-	client *redis.Client
-	group  string
-}
-
-func (s redisSubscriber) SubscribeInitialize(topic string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err := s.client.XGroupCreateMkStream(ctx, topic, s.group, "0").Err()
-	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
-		return classifyRedis(fmt.Errorf("create consumer group %s on %s: %w", s.group, topic, err))
-	}
-	return nil
 }
 
 // redisMarshaller is watermill-redisstream's format with ce_* fields when CloudEvents is on, and

@@ -1,0 +1,492 @@
+package redisbackend
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/outboxkit/outboxkit"
+)
+
+// Liveness of a subscription. Each subscription reads as a Redis consumer of its own, whose name
+// ends in heartbeatSuffix, and keeps a key with a short time to live while it runs: a consumer of
+// that kind without its key is gone (killed, or its subscription ended), and a live member of the
+// group claims its pending entries at once instead of after ClaimAfter. A consumer that does not
+// heartbeat (another client, or an older build) keeps the ClaimAfter rule.
+const (
+	// redisHeartbeat is how often a subscription renews its liveness key.
+	redisHeartbeat = time.Second
+	// redisAliveFor is the key's time to live: three missed renewals and the consumer is gone.
+	redisAliveFor = 3 * redisHeartbeat
+	// redisClaimEvery is how often a subscription looks for entries to take over.
+	redisClaimEvery = redisHeartbeat
+	// redisGoneIdle is the smallest idle time of a gone consumer's entry that is claimed: it keeps
+	// two members that take over at the same moment from both claiming it.
+	redisGoneIdle = 500 * time.Millisecond
+	// redisForgetAfter is how long a consumer with nothing pending may stay silent before the group
+	// forgets it.
+	redisForgetAfter = 10 * time.Minute
+	// redisReadBlock bounds one blocking read: an idle subscription asks again this often.
+	redisReadBlock = 250 * time.Millisecond
+	// redisNackDelay is how long a nacked entry waits before it is handed out again.
+	redisNackDelay  = 100 * time.Millisecond
+	heartbeatSuffix = ".hb"
+)
+
+// aliveKey names the liveness key of a consumer of group.
+func aliveKey(group, consumer string) string { return "outboxkit:alive:" + group + ":" + consumer }
+
+// redisSubscriber reads a topic's stream through the consumer group, as watermill-redisstream's
+// subscriber does and in its format, and replaces it for three things it cannot do:
+//
+//   - It says which deliveries are first ones (outboxkit.WithRedelivered): an entry read with
+//     XREADGROUP ">" has never been delivered to the group; an entry claimed from another consumer,
+//     or nacked and handed out again, has. middleware.DeliveryCount then writes nothing for a first
+//     delivery that succeeds.
+//   - A killed consumer's pending entries are taken over within seconds (see aliveKey), while a
+//     consumer that is alive, however slow, is never robbed.
+//   - It hands out up to unacked entries before the first is acknowledged, read in batches
+//     (XREADGROUP COUNT), so that a batching consumer (middleware.BatchConsumer) fills its batches;
+//     acknowledgements go out in batches too (XACK of many ids).
+type redisSubscriber struct {
+	client     *redis.Client
+	group      string
+	unacked    int
+	claimAfter time.Duration
+	marshaller redisMarshaller
+	logger     watermill.LoggerAdapter
+
+	mu      sync.Mutex
+	closed  bool
+	closing chan struct{}
+	wg      sync.WaitGroup
+}
+
+func newRedisSubscriber(client *redis.Client, group string, unacked int, claimAfter time.Duration, m redisMarshaller,
+	logger watermill.LoggerAdapter) *redisSubscriber {
+	return &redisSubscriber{client: client, group: group, unacked: max(unacked, 1), claimAfter: claimAfter, marshaller: m,
+		logger: logger, closing: make(chan struct{})}
+}
+
+// SubscribeInitialize creates the group on the topic's stream (the stream too, if need be),
+// reading from its start.
+func (s *redisSubscriber) SubscribeInitialize(topic string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return s.createGroup(ctx, topic)
+}
+
+func (s *redisSubscriber) createGroup(ctx context.Context, topic string) error {
+	err := s.client.XGroupCreateMkStream(ctx, topic, s.group, "0").Err()
+	if err != nil && !strings.HasPrefix(err.Error(), "BUSYGROUP") {
+		return classifyRedis(fmt.Errorf("create consumer group %s on %s: %w", s.group, topic, err))
+	}
+	return nil
+}
+
+// Unacked is how many entries a subscription hands out before the first is acknowledged.
+func (s *redisSubscriber) Unacked() int { return s.unacked }
+
+// Subscribe creates the group if need be and starts reading before it returns. The channel closes
+// when ctx ends or the subscriber is closed; entries handed out and not acknowledged by then stay
+// pending and are taken over by a live member of the group within seconds.
+func (s *redisSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errors.New("redis subscriber is closed")
+	}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	err := s.createGroup(cctx, topic)
+	cancel()
+	if err != nil {
+		s.wg.Done()
+		return nil, err
+	}
+	var id [4]byte
+	_, _ = rand.Read(id[:])
+	sub := &redisSubscription{
+		s: s, topic: topic, consumer: s.group + "-" + hex.EncodeToString(id[:]) + heartbeatSuffix,
+		out: make(chan *message.Message, s.unacked), window: make(chan struct{}, s.unacked),
+		claimed: make(chan []redis.XMessage, 1), acks: make(chan string, s.unacked),
+		fields: watermill.LogFields{"topic": topic, "consumer_group": s.group},
+	}
+	sctx, stop := context.WithCancel(ctx)
+	// The key exists before the consumer does: nobody may take it for a gone one.
+	if err := sub.heartbeat(sctx); err != nil {
+		stop()
+		s.wg.Done()
+		return nil, classifyRedis(fmt.Errorf("subscribe to %s: %w", topic, err))
+	}
+	go func() {
+		defer s.wg.Done()
+		defer stop()
+		sub.run(sctx, stop)
+	}()
+	return sub.out, nil
+}
+
+// Close ends every subscription, waits for them and closes the client.
+func (s *redisSubscriber) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return nil
+	}
+	s.closed = true
+	close(s.closing)
+	s.mu.Unlock()
+	s.wg.Wait()
+	return s.client.Close()
+}
+
+// redisSubscription is one Subscribe: a consumer of the group of its own.
+type redisSubscription struct {
+	s        *redisSubscriber
+	topic    string
+	consumer string
+	out      chan *message.Message
+	window   chan struct{}         // a slot per entry handed out and not settled
+	claimed  chan []redis.XMessage // entries the claimer took over, to hand out before new ones
+	acks     chan string           // ids to acknowledge
+	settling sync.WaitGroup        // goroutines waiting for a verdict
+	fields   watermill.LogFields
+}
+
+func (r *redisSubscription) run(ctx context.Context, stop context.CancelFunc) {
+	var loops sync.WaitGroup
+	loops.Add(3)
+	go func() { // ends the subscription with the subscriber; keeps the consumer alive
+		defer loops.Done()
+		tick := time.NewTicker(redisHeartbeat)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-r.s.closing:
+				stop()
+				return
+			case <-tick.C:
+				if err := r.heartbeat(ctx); err != nil && ctx.Err() == nil {
+					r.s.logger.Error("Cannot renew the consumer's liveness key", err, r.fields)
+				}
+			}
+		}
+	}()
+	go func() { defer loops.Done(); r.claimLoop(ctx) }()
+	acked := make(chan struct{})
+	go func() { defer loops.Done(); defer close(acked); r.ackLoop() }()
+	r.readLoop(ctx)
+	r.settling.Wait() // every verdict given, or the subscription ended first
+	close(r.acks)
+	<-acked
+	loops.Wait()
+	close(r.out)
+	// Gone: what is still pending goes to a live member at once.
+	end, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	r.s.client.Del(end, aliveKey(r.s.group, r.consumer))
+	if p, err := r.s.client.XPendingExt(end, &redis.XPendingExtArgs{Stream: r.topic, Group: r.s.group, Start: "-", End: "+",
+		Count: 1, Consumer: r.consumer}).Result(); err == nil && len(p) == 0 {
+		r.s.client.XGroupDelConsumer(end, r.topic, r.s.group, r.consumer)
+	}
+}
+
+func (r *redisSubscription) heartbeat(ctx context.Context) error {
+	return r.s.client.Set(ctx, aliveKey(r.s.group, r.consumer), "1", redisAliveFor).Err()
+}
+
+// readLoop reads new entries, as many as the window has room for, and hands them out; entries the
+// claimer took over go first.
+func (r *redisSubscription) readLoop(ctx context.Context) {
+	for attempt := 1; ; {
+		if !r.acquire(ctx) {
+			return
+		}
+		free := 1
+	more:
+		for free < r.s.unacked {
+			select {
+			case r.window <- struct{}{}:
+				free++
+			default:
+				break more
+			}
+		}
+		// Read runs, not single entries: while half the window is taken, wait for it to drain (a
+		// batch being committed frees all its slots at once).
+		for free < (r.s.unacked+1)/2 {
+			select {
+			case r.window <- struct{}{}:
+				free++
+			case <-ctx.Done():
+				r.release(free)
+				return
+			}
+		}
+		select {
+		case xms := <-r.claimed:
+			free = r.handOut(ctx, xms, true, free)
+			r.release(free)
+			continue
+		default:
+		}
+		xss, err := r.s.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: r.s.group, Consumer: r.consumer,
+			Streams: []string{r.topic, ">"}, Count: int64(free), Block: redisReadBlock}).Result()
+		if ctx.Err() != nil {
+			r.release(free)
+			return
+		}
+		if err != nil && !errors.Is(err, redis.Nil) {
+			r.release(free)
+			if strings.HasPrefix(err.Error(), "NOGROUP") { // the stream or group was deleted: make them again
+				_ = r.s.createGroup(ctx, r.topic)
+			}
+			wait := redisRetry.Delay(attempt)
+			attempt++
+			r.s.logger.Error("Cannot read from the Redis stream, retrying", err, r.fields.Add(watermill.LogFields{"retry_in": wait}))
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(wait):
+			}
+			continue
+		}
+		attempt = 1
+		for _, xs := range xss {
+			free = r.handOut(ctx, xs.Messages, false, free)
+		}
+		r.release(free)
+	}
+}
+
+// redisRetry paces reads after a failed one.
+var redisRetry = outboxkit.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2}
+
+// acquire takes a slot in the window, waiting for one; false when the subscription ended.
+func (r *redisSubscription) acquire(ctx context.Context) bool {
+	select {
+	case r.window <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+func (r *redisSubscription) release(n int) {
+	for ; n > 0; n-- {
+		<-r.window
+	}
+}
+
+// handOut hands entries over in order, each with one of the free slots (entries beyond them wait
+// for slots); it returns the slots left unused.
+func (r *redisSubscription) handOut(ctx context.Context, xms []redis.XMessage, redelivered bool, free int) int {
+	for _, xm := range xms {
+		if free == 0 {
+			if !r.acquire(ctx) {
+				return 0
+			}
+			free = 1
+		}
+		msg, err := r.s.marshaller.Unmarshal(xm.Values)
+		if err != nil {
+			// It can never be read: acknowledged, so that it does not come back for ever.
+			r.s.logger.Error("Cannot read a Redis stream entry, acknowledging it", err, r.fields.Add(watermill.LogFields{"xid": xm.ID}))
+			r.acks <- xm.ID
+			continue
+		}
+		free--
+		r.settling.Add(1)
+		cancel, ok := r.send(ctx, msg, redelivered)
+		if !ok {
+			r.settling.Done()
+			r.release(1)
+			return free
+		}
+		go r.settle(ctx, xm.ID, msg, cancel)
+	}
+	return free
+}
+
+// send hands msg out, with what ends its context once it is settled (as Watermill's subscribers
+// do); false when the subscription ended first.
+func (r *redisSubscription) send(ctx context.Context, msg *message.Message, redelivered bool) (context.CancelFunc, bool) {
+	mctx, cancel := context.WithCancel(ctx)
+	msg.SetContext(outboxkit.WithConsumer(outboxkit.WithRedelivered(mctx, redelivered), r.s.group))
+	select {
+	case r.out <- msg:
+		return cancel, true
+	case <-ctx.Done():
+		cancel()
+		return nil, false
+	}
+}
+
+// settle waits for the verdict on msg, handed out: an ack queues its XACK; a nack hands it out
+// again after redisNackDelay. Its slot is freed once it is acknowledged, or when the subscription
+// ends first (the entry stays pending and is taken over).
+func (r *redisSubscription) settle(ctx context.Context, id string, msg *message.Message, cancel context.CancelFunc) {
+	defer r.settling.Done()
+	defer func() { <-r.window }()
+	defer func() { cancel() }()
+	for {
+		select {
+		case <-msg.Acked():
+			cancel()
+			r.acks <- id
+			return
+		case <-msg.Nacked():
+			cancel()
+			msg = msg.Copy()
+			select {
+			case <-time.After(redisNackDelay):
+			case <-ctx.Done():
+				return
+			}
+			var ok bool
+			if cancel, ok = r.send(ctx, msg, true); !ok {
+				cancel = func() {}
+				return
+			}
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// ackLoop acknowledges what is queued, many ids per XACK, until acks closes.
+func (r *redisSubscription) ackLoop() {
+	ids := make([]string, 0, r.s.unacked)
+	for id := range r.acks {
+		ids = append(ids[:0], id)
+	drain:
+		for len(ids) < 1000 {
+			select {
+			case id, ok := <-r.acks:
+				if !ok {
+					break drain
+				}
+				ids = append(ids, id)
+			default:
+				break drain
+			}
+		}
+		r.ack(ids)
+	}
+}
+
+// ack acknowledges ids, trying again for a while when Redis does not answer; an entry left
+// unacknowledged is delivered again (a duplicate the inbox absorbs).
+func (r *redisSubscription) ack(ids []string) {
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := r.s.client.XAck(ctx, r.topic, r.s.group, ids...).Err()
+		cancel()
+		if err == nil {
+			return
+		}
+		if attempt == 5 {
+			r.s.logger.Error("Cannot acknowledge Redis stream entries, they will be delivered again", err,
+				r.fields.Add(watermill.LogFields{"entries": len(ids)}))
+			return
+		}
+		time.Sleep(redisRetry.Delay(attempt))
+	}
+}
+
+// claimLoop takes over, every redisClaimEvery, the pending entries of the group's consumers that
+// are gone (a heartbeating consumer without its key), and of the others those idle for ClaimAfter.
+func (r *redisSubscription) claimLoop(ctx context.Context) {
+	tick := time.NewTicker(redisClaimEvery)
+	defer tick.Stop()
+	for {
+		if err := r.claimOnce(ctx); err != nil && ctx.Err() == nil {
+			r.s.logger.Debug("Cannot look for entries to take over", r.fields.Add(watermill.LogFields{"err": err}))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+func (r *redisSubscription) claimOnce(ctx context.Context) error {
+	consumers, err := r.s.client.XInfoConsumers(ctx, r.topic, r.s.group).Result()
+	if err != nil {
+		return err
+	}
+	for _, c := range consumers {
+		if c.Name == r.consumer {
+			continue
+		}
+		minIdle := r.s.claimAfter
+		if strings.HasSuffix(c.Name, heartbeatSuffix) {
+			alive, err := r.s.client.Exists(ctx, aliveKey(r.s.group, c.Name)).Result()
+			if err != nil {
+				return err
+			}
+			if alive > 0 {
+				continue // alive, however slow: never robbed
+			}
+			minIdle = redisGoneIdle
+		}
+		if c.Pending == 0 {
+			if c.Idle > redisForgetAfter || minIdle == redisGoneIdle {
+				r.s.client.XGroupDelConsumer(ctx, r.topic, r.s.group, c.Name)
+			}
+			continue
+		}
+		if err := r.claimFrom(ctx, c.Name, minIdle); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// claimFrom claims the entries of consumer idle for at least minIdle, in id order, and queues them
+// to be handed out.
+func (r *redisSubscription) claimFrom(ctx context.Context, consumer string, minIdle time.Duration) error {
+	for {
+		pending, err := r.s.client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: r.topic, Group: r.s.group,
+			Idle: minIdle, Start: "-", End: "+", Count: int64(max(r.s.unacked, 16)), Consumer: consumer}).Result()
+		if err != nil || len(pending) == 0 {
+			return err
+		}
+		ids := make([]string, len(pending))
+		for i, p := range pending {
+			ids[i] = p.ID
+		}
+		// MinIdle again: of two members claiming at once, only the first gets an entry.
+		xms, err := r.s.client.XClaim(ctx, &redis.XClaimArgs{Stream: r.topic, Group: r.s.group, Consumer: r.consumer,
+			MinIdle: minIdle, Messages: ids}).Result()
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		if len(xms) > 0 {
+			r.s.logger.Info("Took over pending entries of a consumer that is gone", r.fields.Add(watermill.LogFields{
+				"from": consumer, "entries": len(xms)}))
+			select {
+			case r.claimed <- xms:
+			case <-ctx.Done():
+				return nil
+			}
+		}
+		if len(xms) < len(ids) || len(pending) < max(r.s.unacked, 16) {
+			return nil
+		}
+	}
+}
