@@ -70,17 +70,8 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 		Publisher: bounded,
 		Lag:       klag.read,
 		NewSubscriber: func(group string) (backends.Subscriber, error) {
-			scfg := kafka.DefaultSaramaSubscriberConfig()
-			scfg.Consumer.Offsets.Initial = sarama.OffsetOldest // a new group reads what was published before it joined
-			kafkaGroupTimeouts(scfg)
-			sub, err := kafka.NewSubscriber(kafka.SubscriberConfig{
-				Brokers: brokers, Unmarshaler: marshaler, ConsumerGroup: group, OverwriteSaramaConfig: scfg,
-				// Topics created on subscribe take the broker's defaults (partitions, replication).
-				InitializeTopicDetails: &sarama.TopicDetail{NumPartitions: -1, ReplicationFactor: -1},
-			}, opts.Logger)
-			if err != nil {
-				return nil, err
-			}
+			sub := &kafkaSubscriber{brokers: brokers, group: group, config: kafkaSubscriberConfig, marshaler: marshaler,
+				unacked: max(opts.Unacked, 1), logger: opts.Logger, closing: make(chan struct{})}
 			return brokerio.NewRetryingSubscriber(sub, group, classifyKafka, opts.Logger), nil
 		},
 		Close: []func() error{bounded.Close, klag.close},
@@ -123,6 +114,19 @@ func (m kafkaMarshaler) Unmarshal(cm *sarama.ConsumerMessage) (*message.Message,
 		return string(cm.Key) // the binding maps the partition key to the record key
 	})
 	return msg, nil
+}
+
+// kafkaSubscriberConfig is a consumer group member's Sarama configuration: a new group reads from
+// the oldest offset, and offsets are committed by the subscriber itself (see kafkaSubscriber).
+func kafkaSubscriberConfig() *sarama.Config {
+	cfg := sarama.NewConfig()
+	cfg.ClientID = "outboxkit"
+	cfg.Consumer.Return.Errors = true
+	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest // a new group reads what was published before it joined
+	cfg.Consumer.Offsets.AutoCommit.Enable = false
+	cfg.Net.DialTimeout = 5 * time.Second
+	kafkaGroupTimeouts(cfg)
+	return cfg
 }
 
 // kafkaVersion is the protocol version spoken: Kafka 2.8 (2021) or newer. From 2.2 on a new member
