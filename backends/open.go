@@ -63,9 +63,11 @@ type Options struct {
 	// Prefetch is how many unacknowledged messages the broker hands a consumer at once: RabbitMQ's
 	// prefetch count, the size of a JetStream fetch. Default DefaultPrefetch (16). amqp, nats.
 	Prefetch int
-	// Unacked is how many messages a subscription hands out before the first is acknowledged
-	// (see AMQPSubscriberConfig.Unacked): set it to a batching consumer's batch size. Default 1,
-	// one at a time. amqp. Other brokers' subscribers hand out one message at a time.
+	// Unacked is how many messages a subscription hands out before the first is acknowledged:
+	// set it to a batching consumer's batch size (middleware.BatchConsumer), so that its batches
+	// fill. Default 1, one at a time, as Watermill's subscribers do, which a router needs for
+	// per-key order. RabbitMQ and NATS JetStream take it per subscription, Redis Streams per
+	// subscription (read with XREADGROUP COUNT), Kafka per partition. amqp, nats, redis, kafka.
 	Unacked int
 	// QuorumQueues declares the consumer groups' queues as quorum queues (replicated). Default
 	// false: classic durable queues. amqp.
@@ -79,8 +81,11 @@ type Options struct {
 	// consumer holds are kept alive with in-progress acks. Default DefaultNATSAckWait (10s). nats.
 	AckWait time.Duration
 
-	// ClaimAfter is how long a message may stay pending with a consumer that stopped (crashed)
-	// before another consumer of the group claims it. Default 30s. redis.
+	// ClaimAfter is how long an entry may stay pending with a consumer of the group that is not
+	// outboxkit's (another client) before a live subscription claims it. outboxkit's subscriptions
+	// keep a liveness key in Redis (renewed every second): the pending entries of one that stopped
+	// or was killed are taken over within about 4 seconds, and those of one that is alive, however
+	// slow, are never taken. Default 30s. redis.
 	ClaimAfter time.Duration
 
 	// PollInterval is how often an idle subscriber looks for new rows. Default 100ms. postgres.
@@ -234,7 +239,7 @@ func (o Options) check(scheme string) error {
 		}
 	}
 	set("Prefetch", o.Prefetch != 0, "amqp", "nats")
-	set("Unacked", o.Unacked != 0, "amqp")
+	set("Unacked", o.Unacked != 0, "amqp", "nats", "redis", "kafka")
 	set("QuorumQueues", o.QuorumQueues, "amqp")
 	set("DuplicateWindow", o.DuplicateWindow != 0, "nats")
 	set("AckWait", o.AckWait != 0, "nats")

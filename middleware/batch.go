@@ -102,8 +102,12 @@ type BatchConsumer struct {
 // settled.
 //
 // A batch can only fill if the subscriber hands out more than one message before the first is
-// acknowledged: backends.Options.Unacked (RabbitMQ) set to MaxBatch. Watermill's subscribers hand
-// out one at a time; with them every batch holds one message. Run it with Run; it needs no router.
+// acknowledged: backends.Options.Unacked set to MaxBatch, on RabbitMQ, NATS JetStream, Redis
+// Streams (per subscription) and Kafka (per partition). Such a subscriber says so with a method
+// Unacked() int; Run warns when it hands out fewer than MaxBatch, or does not say (Watermill's
+// subscribers hand out one at a time: with them every batch holds one message). Batches need first
+// deliveries the broker vouches for (outboxkit.WithRedelivered): outboxkit's subscribers of those
+// four brokers say which deliveries are first ones. Run it with Run; it needs no router.
 func NewBatchConsumer(cfg BatchConfig, sub message.Subscriber, topic string, h message.HandlerFunc) (*BatchConsumer, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
@@ -184,6 +188,16 @@ func (c *BatchConsumer) Run(ctx context.Context) error {
 	msgs, err := c.sub.Subscribe(ctx, c.topic)
 	if err != nil {
 		return fmt.Errorf("batch consumer %s: subscribe to %s: %w", c.cfg.Consumer, c.topic, err)
+	}
+	if c.cfg.MaxBatch > 1 {
+		fields := watermill.LogFields{"consumer": c.cfg.Consumer, "topic": c.topic, "max_batch": c.cfg.MaxBatch}
+		if u, ok := c.sub.(interface{ Unacked() int }); !ok {
+			logs.Warn(c.cfg.Logger, "The subscriber does not say how many messages it hands out at once; "+
+				"Watermill's hand out one, and every batch then holds one message", nil, fields)
+		} else if n := u.Unacked(); n < c.cfg.MaxBatch {
+			logs.Warn(c.cfg.Logger, fmt.Sprintf("The subscriber hands out %d messages at once, so batches hold at most %d: "+
+				"set backends.Options.Unacked to MaxBatch (RabbitMQ, NATS JetStream, Redis Streams, Kafka)", n, n), nil, fields)
+		}
 	}
 	close(c.running)
 	for {

@@ -24,8 +24,8 @@ type DeliveryCountConfig struct {
 	// Consumer names the consuming service; it keys the count. Required.
 	Consumer string
 	// CountFirstDeliveries counts a delivery even when the subscriber says the broker vouches it is
-	// the message's first (outboxkit.WithRedelivered, set by outboxkit's RabbitMQ and NATS
-	// subscribers). Default false: such a delivery writes nothing and takes no lock unless it fails,
+	// the message's first (outboxkit.WithRedelivered, set by outboxkit's RabbitMQ, NATS
+	// JetStream, Redis Streams and Kafka subscribers). Default false: such a delivery writes nothing and takes no lock unless it fails,
 	// and its redelivery counts it — two database round trips fewer per message. The price: a
 	// message the broker had handed out (prefetched) but the handler never started, when the
 	// consumer died, is counted once more than it was handled, as a quorum queue's delivery limit

@@ -149,11 +149,15 @@ func (s *Subscriber) declare(ch *amqp.Channel, topic string) (string, error) {
 	return declareGroupQueue(ch, topic, s.cfg.Consumer, s.cfg.QuorumQueues)
 }
 
-// SubscribeInitialize declares the topic's exchange and the group's queue, so that messages
-// published before the first Subscribe are kept for the group.
 // Consumer names the consumer the subscriber reads for.
 func (s *Subscriber) Consumer() string { return s.cfg.Consumer }
 
+// Unacked is how many messages a subscription hands out before the first is acknowledged
+// (SubscriberConfig.Unacked).
+func (s *Subscriber) Unacked() int { return s.cfg.Unacked }
+
+// SubscribeInitialize declares the topic's exchange and the group's queue, so that messages
+// published before the first Subscribe are kept for the group.
 func (s *Subscriber) SubscribeInitialize(topic string) error {
 	conn, err := s.connection()
 	if err != nil {

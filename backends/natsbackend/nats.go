@@ -78,8 +78,9 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 				conn.Close()
 				return nil, err
 			}
+			unacked := max(opts.Unacked, 1)
 			sub := &natsSubscriber{conn: conn, js: js, group: group, streamConfig: streamConfig, ackWait: opts.AckWait,
-				batch: opts.Prefetch, logger: opts.Logger, closing: make(chan struct{})}
+				batch: max(opts.Prefetch, unacked), unacked: unacked, logger: opts.Logger, closing: make(chan struct{})}
 			return brokerio.NewRetryingSubscriber(sub, group, classifyNATS, opts.Logger), nil
 		},
 		Close: []func() error{pub.Close, lag.close},
@@ -90,7 +91,9 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 // from the start with explicit acks; subscribers of one group share it.
 //
 // It fetches batches of at most batch messages and asks for the next batch only once the last
-// one is handled, so a handler that blocks never makes the client shed what it was handed (the
+// one is handed out, and hands out up to unacked before the first is acknowledged (one at a time
+// by default; a batching consumer sets it to its batch size), so a handler that blocks never makes
+// the client shed what it was handed (the
 // "slow consumer" drops of a pull iterator whose buffer fills while the handler waits, which the
 // broker redelivers only after AckWait). Every message handed over but not yet acknowledged —
 // in the handler or waiting behind it in the batch — is kept alive with an in-progress ack every
@@ -112,6 +115,7 @@ type natsSubscriber struct {
 	streamConfig func(string) jetstream.StreamConfig
 	ackWait      time.Duration
 	batch        int
+	unacked      int
 	logger       watermill.LoggerAdapter
 
 	mu      sync.Mutex
@@ -209,10 +213,13 @@ func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 	go func() {
 		defer s.wg.Done()
 		defer close(out)
+		var settling sync.WaitGroup
+		defer settling.Wait()
 		defer stop()
+		window := make(chan struct{}, s.unacked) // a slot per message handed out and not settled
 		fields := watermill.LogFields{"topic": topic, "consumer_group": s.group}
 		for attempt := 1; sctx.Err() == nil; {
-			err := s.fetchAndDeliver(sctx, consumer, held, out)
+			err := s.fetchAndDeliver(sctx, consumer, held, out, window, &settling)
 			switch {
 			case sctx.Err() != nil:
 				return
@@ -236,7 +243,10 @@ func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 var natsRetry = outboxkit.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2}
 
 // fetchAndDeliver fetches one batch and hands its messages over one by one as they arrive.
-func (s *natsSubscriber) fetchAndDeliver(ctx context.Context, consumer jetstream.Consumer, held *natsHeld, out chan<- *message.Message) error {
+// With unacked > 1 it does not wait for the verdicts: window holds a slot per message handed out
+// and not settled, across fetches, and settling counts the goroutines that wait for them.
+func (s *natsSubscriber) fetchAndDeliver(ctx context.Context, consumer jetstream.Consumer, held *natsHeld, out chan<- *message.Message,
+	window chan struct{}, settling *sync.WaitGroup) error {
 	fctx, cancel := context.WithTimeout(ctx, natsFetchWait)
 	defer cancel()
 	held.setFetch(cancel)
@@ -254,12 +264,43 @@ func (s *natsSubscriber) fetchAndDeliver(ctx context.Context, consumer jetstream
 		}
 	}()
 	for jm := range queue {
-		if ctx.Err() != nil || !s.deliver(ctx, jm, out) {
+		if ctx.Err() != nil {
 			held.remove(jm)
-			_ = jm.Nak() // never handed over, or the subscription ended: back to the group at once
+			_ = jm.Nak() // the subscription ended: back to the group at once
 			continue
 		}
-		held.remove(jm)
+		if s.unacked == 1 {
+			if !s.deliver(ctx, jm, out) {
+				_ = jm.Nak() // never handed over, or the subscription ended: back to the group at once
+			}
+			held.remove(jm)
+			continue
+		}
+		select {
+		case window <- struct{}{}:
+		case <-ctx.Done():
+			held.remove(jm)
+			_ = jm.Nak()
+			continue
+		}
+		msg, cancel, ok := s.handOut(ctx, jm, out)
+		if !ok {
+			held.remove(jm)
+			if msg != nil {
+				_ = jm.Nak() // the subscription ended: back to the group at once
+			}
+			<-window
+			continue
+		}
+		settling.Add(1)
+		go func() {
+			defer settling.Done()
+			defer func() { <-window }()
+			defer held.remove(jm)
+			if !s.settle(ctx, jm, msg, cancel) {
+				_ = jm.Nak()
+			}
+		}()
 	}
 	if err := batch.Error(); err != nil && fctx.Err() == nil && !errors.Is(err, nats.ErrTimeout) {
 		return err
@@ -267,21 +308,33 @@ func (s *natsSubscriber) fetchAndDeliver(ctx context.Context, consumer jetstream
 	return nil
 }
 
-// deliver hands one message to the consumer and settles it; false when the subscription ended.
+// deliver hands one message to the consumer and settles it; false when the subscription ended
+// before it was settled.
 func (s *natsSubscriber) deliver(ctx context.Context, jm jetstream.Msg, out chan<- *message.Message) bool {
+	msg, cancel, ok := s.handOut(ctx, jm, out)
+	if !ok {
+		return msg == nil // a message that cannot be read is settled (terminated)
+	}
+	return s.settle(ctx, jm, msg, cancel)
+}
+
+// handOut reads one message and hands it to the consumer, with what ends the message's context;
+// false when it could not be read (terminated, msg nil) or the subscription ended first.
+func (s *natsSubscriber) handOut(ctx context.Context, jm jetstream.Msg, out chan<- *message.Message) (
+	msg *message.Message, cancel context.CancelFunc, ok bool) {
 	msg, err := wjs.DefaultUnmarshaler{}.Unmarshal(jm)
 	if err != nil {
 		s.logger.Error("Cannot unmarshal a JetStream message, terminating it", err, nil)
 		_ = jm.Term() // it can never be read: JetStream stops redelivering it
-		return true
+		return nil, nil, false
 	}
 	// A message another producer wrote: its CloudEvents id, or its JetStream message id.
 	brokerio.AdoptForeign(msg, brokerio.MetadataAttrs(msg.Metadata, brokerio.CEPrefixNATS, brokerio.CEContentType))
 	if msg.UUID == "" {
 		msg.UUID = jm.Headers().Get(nats.MsgIdHdr)
 	}
+	// Ended once the message is settled (see settle), as Watermill's subscribers do.
 	msgCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	if meta, err := jm.Metadata(); err == nil {
 		// JetStream counts deliveries per consumer: 1 vouches for a first delivery to this group.
 		msgCtx = outboxkit.WithRedelivered(msgCtx, meta.NumDelivered > 1)
@@ -289,10 +342,17 @@ func (s *natsSubscriber) deliver(ctx context.Context, jm jetstream.Msg, out chan
 	msg.SetContext(msgCtx)
 	select {
 	case out <- msg:
+		return msg, cancel, true
 	case <-ctx.Done():
-		_ = jm.Nak()
-		return false
+		cancel()
+		return msg, nil, false
 	}
+}
+
+// settle waits for the consumer's verdict on msg and sends it to JetStream; false when the
+// subscription ended first.
+func (s *natsSubscriber) settle(ctx context.Context, jm jetstream.Msg, msg *message.Message, cancel context.CancelFunc) bool {
+	defer cancel()
 	select {
 	case <-msg.Acked():
 		if err := jm.DoubleAck(context.WithoutCancel(ctx)); err != nil {
@@ -303,10 +363,12 @@ func (s *natsSubscriber) deliver(ctx context.Context, jm jetstream.Msg, out chan
 		_ = jm.NakWithDelay(500 * time.Millisecond)
 		return true
 	case <-ctx.Done():
-		_ = jm.Nak()
 		return false
 	}
 }
+
+// Unacked is how many messages a subscription hands out before the first is acknowledged.
+func (s *natsSubscriber) Unacked() int { return s.unacked }
 
 // natsHeld tracks the messages a subscription was handed and has not settled, and the fetch in
 // progress.

@@ -64,7 +64,7 @@ func settled(t *testing.T, msgs []*message.Message) []string {
 	return nacked
 }
 
-// vouched is a first delivery as outboxkit's RabbitMQ and NATS subscribers hand it over.
+// vouched is a first delivery as outboxkit's subscribers hand it over.
 func vouched(m *message.Message) *message.Message {
 	m.SetContext(outboxkit.WithRedelivered(context.Background(), false))
 	return m

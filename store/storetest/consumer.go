@@ -109,7 +109,7 @@ func delivery(msg *message.Message) *message.Message {
 }
 
 // brokerDelivery is a fresh copy of msg carrying what a broker says of the delivery, as
-// outboxkit's RabbitMQ and NATS subscribers set it.
+// outboxkit's RabbitMQ, NATS, Redis and Kafka subscribers set it.
 func brokerDelivery(msg *message.Message, redelivered bool) *message.Message {
 	c := delivery(msg)
 	c.SetContext(outboxkit.WithRedelivered(context.Background(), redelivered))

@@ -11,9 +11,13 @@ import (
 
 // Outlets hands each subscription out through a channel of its own, so that a subscriber's Close
 // returns only once every channel it handed out is closed - Watermill's Subscriber contract, on
-// which a router draining its channels after Close relies. Messages pass one by one, unbuffered:
-// acks and nacks reach the library's own message unchanged. The zero value is ready to use.
+// which a router draining its channels after Close relies. Messages pass one by one, unbuffered
+// unless Buffer says otherwise: acks and nacks reach the library's own message unchanged. The zero
+// value is ready to use.
 type Outlets struct {
+	// Buffer is how many messages a channel holds that the consumer has not taken yet: a batching
+	// consumer then finds waiting what the library's subscriber handed out. Default 0.
+	Buffer int
 	// Transform, when set, is applied to each message before it is handed out.
 	Transform func(*message.Message)
 	// Consumer, when set, is stamped on each message's context (outboxkit.WithConsumer).
@@ -39,7 +43,7 @@ func (r *Outlets) Outlet(ctx context.Context, in <-chan *message.Message) <-chan
 // arrives on pending, and closes when pending closes empty, ctx ends, or close is called.
 func (r *Outlets) OutletLater(ctx context.Context, pending <-chan (<-chan *message.Message)) <-chan *message.Message {
 	r.init()
-	out := make(chan *message.Message)
+	out := make(chan *message.Message, r.Buffer)
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()

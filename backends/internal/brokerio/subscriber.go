@@ -48,6 +48,7 @@ func NewRetryingSubscriber(inner Inner, consumer string, classify func(error) er
 	}
 	s := &RetryingSubscriber{inner: inner, consumer: consumer, classify: classify, logger: logger}
 	s.outlets.Consumer = consumer
+	s.outlets.Buffer = s.Unacked() - 1 // the one in the consumer's hands is not in the channel
 	return s
 }
 
@@ -103,6 +104,15 @@ func (s *RetryingSubscriber) Subscribe(ctx context.Context, topic string) (<-cha
 
 // Consumer names the consumer the subscriber reads for.
 func (s *RetryingSubscriber) Consumer() string { return s.consumer }
+
+// Unacked is how many messages a subscription hands out before the first is acknowledged: the
+// library subscriber's, or 1 when it does not say.
+func (s *RetryingSubscriber) Unacked() int {
+	if u, ok := s.inner.(interface{ Unacked() int }); ok {
+		return u.Unacked()
+	}
+	return 1
+}
 
 func (s *RetryingSubscriber) SubscribeInitialize(topic string) error {
 	return s.inner.SubscribeInitialize(topic)
