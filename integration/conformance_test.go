@@ -151,6 +151,9 @@ func runConformance(t *testing.T, bc backendCase) conformanceResult {
 	return conformanceRun(t, pgDB(testenv.NewPG(t)), bc, true)
 }
 
+// handsOutRuns lists the brokers whose subscribers hand out runs of messages (Options.Unacked).
+var handsOutRuns = map[string]bool{"amqp": true, "nats": true, "redis": true, "kafka": true}
+
 // conformanceBatch is the batch size of the conformance run through the batch consumer.
 const conformanceBatch = 50
 
@@ -162,11 +165,11 @@ func conformanceRun(t *testing.T, db testDB, bc backendCase, crash bool, opts ..
 	createEffects(t, db)
 	bopts := bc.opts
 	for _, o := range opts {
-		if o.batch > 0 && bc.scheme == "amqp" {
-			bopts.Unacked = o.batch // RabbitMQ hands out a batch; the others one at a time
+		if o.batch > 0 && handsOutRuns[bc.scheme] {
+			bopts.Unacked = o.batch // the subscriber hands out a batch
 		}
 	}
-	b := openBackend(t, url, bopts)                    // redis: a 2s ClaimAfter, so the crashed consumer's pending messages move on quickly
+	b := openBackend(t, url, bopts)
 	topic := testenv.UniqueName(t, "conf") + ".placed" // dotted, as topics usually are
 	dropWhenDone(t, bc.scheme, url, []string{topic}, []string{"shipping", "billing"})
 	if bc.scheme == "amqp" {
