@@ -54,7 +54,8 @@ func benchConsumer(ctx context.Context, c config) ([]series, error) {
 		return nil, err
 	}
 	n := c.consumerEvents
-	fmt.Printf("\nconsumer: %d preloaded messages, one effect row each (one transaction per message), %d reps\n", n, c.reps)
+	fmt.Printf("\nconsumer on %s: %d preloaded messages, one effect row each (one transaction per message), %d reps\n",
+		brokerScheme(c.brokerURL), n, c.reps)
 
 	stock := series{Name: "stock Watermill consumer, as shipped", Unit: "msg/s"}
 	plain := series{Name: "plain handler, outboxkit subscriber", Unit: "msg/s"}
@@ -123,20 +124,40 @@ func benchConsumer(ctx context.Context, c config) ([]series, error) {
 
 func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind string, shards, rep int) (float64, error) {
 	n := c.consumerEvents
-	topic := fmt.Sprintf("bench.consume.%s.%d.%d", kind, rep, time.Now().UnixNano()%1e9)
+	scheme := brokerScheme(c.brokerURL)
+	// No dots: stock watermill-nats names a topic's stream after the topic, which cannot hold one.
+	topic := fmt.Sprintf("bench_consume_%s_%d_%d", strings.ReplaceAll(kind, "-", "_"), rep, time.Now().UnixNano()%1e9)
 	group := "bench"
 	topics := outboxkit.ShardTopics(topic, shards)
-	if err := declareQueues(c.brokerURL, topics, group); err != nil {
-		return 0, err
+	batching := kind == "batched" || kind == "plain-batched"
+	var broker *brokerSubscribers
+	if scheme == "amqp" {
+		if err := declareQueues(c.brokerURL, topics, group); err != nil {
+			return 0, err
+		}
+		defer deleteQueues(c.brokerURL, topics, group)
+	} else {
+		b, err := openBrokerSubscribers(ctx, c.brokerURL, batching)
+		if err != nil {
+			return 0, err
+		}
+		defer b.close(topics)
+		broker = b
 	}
-	defer deleteQueues(c.brokerURL, topics, group)
 
-	pub, err := amqpbackend.NewPublisher(amqpbackend.PublisherConfig{URL: c.brokerURL})
-	if err != nil {
-		return 0, err
+	var pub message.Publisher
+	if broker != nil {
+		pub = broker.backend.Publisher
+	} else {
+		p, err := amqpbackend.NewPublisher(amqpbackend.PublisherConfig{URL: c.brokerURL})
+		if err != nil {
+			return 0, err
+		}
+		defer p.Close()
+		pub = p
 	}
-	defer pub.Close()
 	versions := map[string]int64{}
+	perTopic := map[string][]*message.Message{}
 	for i := 0; i < n; i++ {
 		body, key := payload(i, c.keys)
 		msg := pipeline.NewEvent("OrderPlaced", key, body)
@@ -146,8 +167,14 @@ func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind
 			versions[key]++
 			outboxkit.SetVersion(msg, versions[key])
 		}
-		if err := pub.Publish(outboxkit.ShardTopic(topic, key, shards), msg); err != nil {
-			return 0, err
+		t := outboxkit.ShardTopic(topic, key, shards)
+		perTopic[t] = append(perTopic[t], msg)
+	}
+	for t, msgs := range perTopic {
+		for start := 0; start < len(msgs); start += 500 {
+			if err := pub.Publish(t, msgs[start:min(start+500, len(msgs))]...); err != nil {
+				return 0, err
+			}
 		}
 	}
 
@@ -174,10 +201,14 @@ func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind
 	var runners []func(context.Context) error // consumers that run without the router
 	for _, t := range topics {
 		var sub message.Subscriber
-		switch kind {
-		case "stock":
+		switch {
+		case broker != nil && kind == "stock":
+			sub, err = broker.stock(group)
+		case broker != nil:
+			sub, err = broker.backend.NewSubscriber(group)
+		case kind == "stock":
 			sub, err = wamqp.NewSubscriber(wamqp.NewDurablePubSubConfig(c.brokerURL, wamqp.GenerateQueueNameTopicNameWithSuffix(group)), watermill.NopLogger{})
-		case "batched", "plain-batched":
+		case batching:
 			sub, err = amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, Consumer: group, Unacked: consumerBatch})
 		default:
 			sub, err = amqpbackend.NewSubscriber(amqpbackend.SubscriberConfig{URL: c.brokerURL, Consumer: group})
