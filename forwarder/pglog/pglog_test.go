@@ -649,3 +649,35 @@ func TestBrokerOutageBurnsNoAttempts(t *testing.T) {
 		t.Errorf("%d rows dead-lettered by an outage", n)
 	}
 }
+
+// A relay killed during its backfill (the first start reads the rows already in the outbox) does
+// the backfill again at its next start: nothing lost.
+func TestKilledDuringBackfillLosesNothing(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewLogicalPG(t)
+	var ids []string
+	for i := range 20 {
+		ids = append(ids, write(t, pg, fmt.Sprintf("k%d", i%7), 10)...)
+	}
+	pub := newRecorder()
+	ctx, kill := context.WithCancel(context.Background())
+	pub.after = func(n int) {
+		if n == 50 {
+			kill()
+		}
+	}
+	r := relayOn(t, pg, pub, func(f *forwarder.Config, _ *pglog.Config) { f.BatchSize = 20 })
+	pglog.CrashOnStop(r)
+	if err := r.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pub.mu.Lock()
+	before := len(pub.order)
+	pub.after = nil
+	pub.mu.Unlock()
+	run(t, relayOn(t, pg, pub, nil))
+	testenv.Eventually(t, 20*time.Second, "every event after the restart", func() bool { return pub.has(ids) })
+	if d := pub.duplicates(); d > before {
+		t.Errorf("%d duplicates, more than the %d published before the kill", d, before)
+	}
+}

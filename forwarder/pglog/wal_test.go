@@ -14,6 +14,7 @@ import (
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/internal/walmsg"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store/pgsqlstore"
 	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
@@ -128,4 +129,36 @@ func TestWALSlotLostStopsTheRelay(t *testing.T) {
 		t.Fatalf("got %v, want ErrSlotLost saying how to go on", err)
 	}
 	run(t, relayOn(t, pg, newRecorder(), func(f *forwarder.Config, c *pglog.Config) { walMode(f, c); c.SkipLostEvents = true }))
+}
+
+// A database/sql writer in WAL mode writes to the log as pgx's does.
+func TestWALWriterOnDatabaseSQL(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewLogicalPG(t)
+	st, err := pgsqlstore.New(pg.DB, pgsqlstore.Config{Schema: string(pg.Schema), WAL: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub := newRecorder()
+	run(t, relayOn(t, pg, pub, walMode))
+	ctx := context.Background()
+	tx, err := pg.DB.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := pipeline.NewPublisher(st, tx, pipeline.PublisherConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := pipeline.NewJSONEvent("OrderPlaced", "o-1", map[string]string{"id": "o-1"})
+	if err := p.Publish("orders", msg); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the event written through database/sql", func() bool { return pub.has([]string{msg.UUID}) })
+	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox`); n != 0 {
+		t.Errorf("%d outbox rows in WAL mode", n)
+	}
 }

@@ -35,6 +35,9 @@ type Config struct {
 	ListenURL string
 	// ListenRetry is the wait before the LISTEN connection is opened again. Default 2s.
 	ListenRetry time.Duration
+	// WAL writes each event as a logical decoding message in the writer's transaction instead of
+	// an outbox row, for the log relay in WAL mode: see pgxstore.Config.WAL. Default false.
+	WAL bool
 }
 
 // Store is a store.Driver[*sql.Tx].
@@ -50,7 +53,8 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("pgsqlstore: db is nil: open the database (sql.Open(\"pgx\", url), or store.Open) and pass it")
 	}
-	pcfg := pg.Config{Schema: cfg.Schema, Driver: "database/sql", DisableNotify: cfg.DisableNotify, ListenRetry: cfg.ListenRetry}
+	pcfg := pg.Config{Schema: cfg.Schema, Driver: "database/sql", DisableNotify: cfg.DisableNotify, ListenRetry: cfg.ListenRetry,
+		WAL: cfg.WAL}
 	if cfg.ListenURL != "" {
 		url := cfg.ListenURL
 		pcfg.ListenConnect = func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, url) }
