@@ -2,14 +2,19 @@ package pglog_test
 
 import (
 	"context"
+	"fmt"
 	"log"
 	"os"
 	"os/signal"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outboxkit/backends"
 	_ "github.com/outboxkit/outboxkit/backends/amqpbackend" // the broker's package
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/forwarder/pglog"
+	"github.com/outboxkit/outboxkit/prom"
 	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
@@ -41,4 +46,29 @@ func ExampleNew() {
 	if err := relay.Run(ctx); err != nil { // until ctx ends: SIGINT here
 		log.Fatal(err)
 	}
+}
+
+// An operator's view of the log relays of an outbox, without running one: each relay group's
+// slot, whether a relay reads it, and how far behind it is (outboxctl status prints the same).
+func ExampleReadSlots() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	slots, err := pglog.ReadSlots(ctx, pool, "outboxkit")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, s := range slots {
+		fmt.Printf("%s: slot %s, exists %v, read %v, wal_status %s, %d bytes behind\n",
+			s.Relay, s.Slot, s.Exists, s.Active, s.WALStatus, s.LagBytes)
+	}
+}
+
+// The relay's slot in Prometheus: the relay is a prom.SlotSource, read at each scrape.
+func ExampleRelay_SlotStatus() {
+	var relay *pglog.Relay // built with pglog.New, as in the example of New
+	prometheus.MustRegister(prom.NewSlotCollector(relay))
 }

@@ -2,6 +2,7 @@ package pgxstore_test
 
 import (
 	"context"
+	"errors"
 	"log"
 
 	"github.com/jackc/pgx/v5"
@@ -36,5 +37,38 @@ func ExampleStore_Transact() {
 	})
 	if err != nil {
 		log.Fatal(err) // nothing committed: neither the order nor its event
+	}
+}
+
+// WAL mode: the event goes to the write-ahead log in the writer's transaction, as a logical
+// decoding message sent with the COMMIT, and no outbox row is written; the log relay
+// (forwarder/pglog with Mode pglog.ModeWAL) reads it. Until that relay has made its replication
+// slot, writers get ErrNoWALRelay.
+func ExampleStore_Transact_wal() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://app@db/shop") // wal_level = logical, Postgres 14+
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	st, err := pgxstore.New(pool, pgxstore.Config{WAL: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	err = st.Transact(ctx, pgx.TxOptions{}, func(tx pgx.Tx, pub *pipeline.Publisher) error {
+		if _, err := tx.Exec(ctx, `UPDATE orders SET status = 'paid' WHERE id = $1`, "o-1"); err != nil {
+			return err
+		}
+		msg, err := pipeline.NewJSONEvent("OrderPaid", "o-1", map[string]string{"id": "o-1"})
+		if err != nil {
+			return err
+		}
+		return pub.Publish("orders", msg)
+	})
+	if errors.Is(err, pgxstore.ErrNoWALRelay) {
+		log.Fatal("start the log relay once before the writers: ", err)
+	}
+	if err != nil {
+		log.Fatal(err)
 	}
 }
