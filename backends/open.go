@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -87,6 +88,16 @@ type Options struct {
 	// or was killed are taken over within about 4 seconds, and those of one that is alive, however
 	// slow, are never taken. Default 30s. redis.
 	ClaimAfter time.Duration
+
+	// KafkaInstanceID makes each subscription a static member of its Kafka consumer group (KIP-345),
+	// named KafkaInstanceID + "." + the topic: name the process stably across restarts — a pod's or
+	// host's name, "billing-0" — and uniquely among the group's processes. A member that restarts
+	// within the group's session timeout (6s) gets its partitions back without a rebalance, so the
+	// rest of the group never stops for it; a member that does not come back loses them after the
+	// session timeout, as before; a closed one does not leave the group (its partitions wait for
+	// it that long). Letters, digits, '.', '_' and '-'. Default "": dynamic members, and every
+	// restart rebalances the group. kafka.
+	KafkaInstanceID string
 
 	// PollInterval is how often an idle subscriber looks for new rows. Default 100ms. postgres.
 	PollInterval time.Duration
@@ -244,6 +255,7 @@ func (o Options) check(scheme string) error {
 	set("DuplicateWindow", o.DuplicateWindow != 0, "nats")
 	set("AckWait", o.AckWait != 0, "nats")
 	set("ClaimAfter", o.ClaimAfter != 0, "redis")
+	set("KafkaInstanceID", o.KafkaInstanceID != "", "kafka")
 	set("PollInterval", o.PollInterval != 0, "postgres")
 	set("PostgresStockTableNames", o.PostgresStockTableNames, "postgres")
 	if len(wrong) > 0 {
@@ -251,6 +263,10 @@ func (o Options) check(scheme string) error {
 	}
 	if o.Prefetch < 0 || o.Unacked < 0 || o.DuplicateWindow < 0 || o.AckWait < 0 || o.ClaimAfter < 0 || o.PollInterval < 0 {
 		return errors.New("options must not be negative")
+	}
+	if o.KafkaInstanceID != "" && !kafkaInstanceID.MatchString(o.KafkaInstanceID) {
+		return fmt.Errorf("options: KafkaInstanceID %q: use letters, digits, '.', '_' and '-', at most 100 characters "+
+			"(a pod's or host's name, e.g. \"billing-0\")", o.KafkaInstanceID)
 	}
 	for topic, consumers := range mergeConsumers(o.Consumers, o.ConsumerGroups) {
 		for _, c := range consumers {
@@ -261,6 +277,9 @@ func (o Options) check(scheme string) error {
 	}
 	return nil
 }
+
+// kafkaInstanceID is what Kafka takes in a group.instance.id, leaving room for the topic.
+var kafkaInstanceID = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
 
 // mergeConsumers joins two topic → consumers maps, each consumer once per topic.
 func mergeConsumers(a, b map[string][]string) map[string][]string {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -236,4 +237,103 @@ func writeOrder(keys []string, perKey int) []string {
 		out = append(out, keys...)
 	}
 	return out
+}
+
+// Failure matrix, batched, on every broker: the consumer process dies inside a batch, after some of
+// its handlers ran and before the commit. Nothing of the batch is left; the restarted consumer
+// applies every message once, counting the redelivered ones.
+func TestBatch_CrashMidBatchOnEveryBroker(t *testing.T) {
+	for _, vc := range vouchCases {
+		t.Run(vc.scheme, func(t *testing.T) {
+			t.Parallel()
+			pg := testenv.NewPG(t)
+			db := pgDB(pg)
+			createEffects(t, db)
+			url := vc.url(t)
+			topic := vouchTopic(t, vc, url)
+			opts := vc.opts
+			opts.Unacked = 50
+			b := openBackend(t, url, opts)
+			msgs := publishEvents(t, b, topic, append(append(goods(10), "crash"), goods(30)[10:]...)...)
+			crash := msgs[10].UUID
+
+			handled := filepath.Join(t.TempDir(), "handled")
+			cmd := exec.Command(os.Args[0], "-test.run=^TestHelperCrashingBatchConsumer$", "-test.v")
+			cmd.Env = append(os.Environ(), "OUTBOXKIT_HELPER_CRASH_BATCH="+strings.Join([]string{
+				vc.scheme, url, pg.URL, string(pg.Schema), topic, crash, handled}, "|"))
+			out, err := cmd.CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() != 7 {
+				t.Fatalf("the consumer process did not die in the batch (%v):\n%s", err, out)
+			}
+			raw, _ := os.ReadFile(handled)
+			if ran := strings.Count(string(raw), "\n"); ran < 5 {
+				t.Fatalf("%d handlers ran in the batch before the crash; the test needs the crash mid-batch:\n%s", ran, out)
+			}
+			if n := countEffects(t, db, "billing"); n != 0 {
+				t.Fatalf("%d effects of the crashed batch survived: a batch commits whole or not at all", n)
+			}
+			if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.inbox`); n != 0 {
+				t.Fatalf("%d inbox rows of the crashed batch survived", n)
+			}
+
+			startEffectConsumer(t, context.Background(), db, b, topic, "billing", withBatch(50))
+			testenv.Eventually(t, 60*time.Second, "every message to be applied after the restart", func() bool {
+				return countEffects(t, db, "billing") >= len(msgs)
+			})
+			if n := countEffects(t, db, "billing"); n != len(msgs) {
+				t.Fatalf("%d effects, want exactly %d", n, len(msgs))
+			}
+			if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.inbox_deliveries WHERE deliveries = 2`); n < 11 {
+				t.Fatalf("%d redelivered messages counted as second deliveries, want at least the 11 the crash held", n)
+			}
+		})
+	}
+}
+
+// TestHelperCrashingBatchConsumer is the consumer process of TestBatch_CrashMidBatchOnEveryBroker: a
+// batch consumer that lingers so the whole topic is one batch, notes each message its handler runs
+// for, and exits with status 7 in the handler of the message the test names.
+func TestHelperCrashingBatchConsumer(t *testing.T) {
+	spec := os.Getenv("OUTBOXKIT_HELPER_CRASH_BATCH")
+	if spec == "" {
+		return // only meaningful as the subprocess
+	}
+	p := strings.Split(spec, "|")
+	scheme, url, pgURL, schemaName, topic, crash, handled := p[0], p[1], p[2], p[3], p[4], p[5], p[6]
+	var opts backends.Options
+	for _, vc := range vouchCases {
+		if vc.scheme == scheme {
+			opts = vc.opts
+		}
+	}
+	opts.Unacked = 50
+	pg := testenv.AttachPG(t, pgURL, schemaName)
+	b := openBackend(t, url, opts)
+	sub, err := b.NewSubscriber("billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	notes, err := os.OpenFile(handled, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	effect := pgDB(pg).Effect(func(_ context.Context, m *message.Message) (string, []any) {
+		if m.UUID == crash {
+			os.Exit(7) // the process dies mid-batch, its transaction open
+		}
+		_, _ = notes.WriteString(m.UUID + "\n")
+		return `INSERT INTO {{schema}}.effects (consumer, message_id, pkey, seq) VALUES (?, ?, ?, 0)`, []any{"billing", m.UUID, m.UUID}
+	})
+	bc, err := middleware.NewBatchConsumer(middleware.BatchConfig{
+		StackConfig: middleware.StackConfig{Store: pg.Store, Consumer: "billing", MaxRetries: -1},
+		MaxBatch:    50, Linger: 2 * time.Second,
+	}, sub, topic, middleware.NoPublish(effect))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_ = bc.Run(ctx)
+	t.Fatal("the consumer ran out of time without reaching the message that kills it")
 }

@@ -53,7 +53,9 @@ type kafkaSubscriber struct {
 	config    func() *sarama.Config
 	marshaler kafkaMarshaler
 	unacked   int
-	logger    watermill.LoggerAdapter
+	// instanceID, when set, makes each subscription a static member, named instanceID.topic.
+	instanceID string
+	logger     watermill.LoggerAdapter
 
 	mu      sync.Mutex
 	closed  bool
@@ -91,7 +93,11 @@ func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
-	client, err := sarama.NewClient(s.brokers, s.config())
+	cfg := s.config()
+	if s.instanceID != "" {
+		cfg.Consumer.Group.InstanceId = s.instanceID + "." + topic
+	}
+	client, err := sarama.NewClient(s.brokers, cfg)
 	if err != nil {
 		s.wg.Done()
 		return nil, classifyKafka(fmt.Errorf("kafka subscriber %s: connect: %w", s.group, err))
@@ -189,6 +195,8 @@ func (h *kafkaGroupHandler) Setup(sess sarama.ConsumerGroupSession) error {
 	defer h.mu.Unlock()
 	h.horizons, h.commits = map[int32]int64{}, map[int32]int64{}
 	partitions := sess.Claims()[h.topic]
+	h.s.logger.Info("Kafka partitions assigned", h.fields.Add(watermill.LogFields{
+		"generation": sess.GenerationID(), "member": sess.MemberID(), "partitions": fmt.Sprint(partitions)}))
 	if len(partitions) == 0 {
 		return nil
 	}

@@ -99,6 +99,12 @@ func benchConsumer(ctx context.Context, c config) ([]series, error) {
 		if len(inbox.Values) > 0 && len(guarded.Values) > 0 {
 			out = append(out, ratio("inbox stack + order guard / inbox stack", guarded, inbox))
 		}
+		if len(batched.Values) > 0 && len(stock.Values) > 0 {
+			out = append(out, ratio("batch consumer / stock", batched, stock))
+		}
+		if len(batched.Values) > 0 && len(plainBatched.Values) > 0 {
+			out = append(out, ratio("batch consumer / plain handler batched", batched, plainBatched))
+		}
 		fmt.Print(table("consumer rate", out))
 		return out, nil
 	}
