@@ -1,10 +1,12 @@
 package kafkabackend
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -74,4 +76,16 @@ func headers(hs []sarama.RecordHeader) []*sarama.RecordHeader {
 		out[i] = &hs[i]
 	}
 	return out
+}
+
+func TestOpen_RefusesAnInstanceIDKafkaWouldRefuse(t *testing.T) {
+	_, err := backends.Open(context.Background(), "kafka://127.0.0.1:9092", backends.Options{KafkaInstanceID: "billing 0"})
+	if err == nil || !strings.Contains(err.Error(), `KafkaInstanceID "billing 0"`) {
+		t.Fatalf("Open = %v; want an error naming KafkaInstanceID and what it takes", err)
+	}
+	b, err := backends.Open(context.Background(), "kafka://127.0.0.1:9092", backends.Options{KafkaInstanceID: "billing-0", Unacked: 100})
+	if err != nil {
+		t.Fatalf("a good instance id and Unacked refused: %v", err)
+	}
+	_ = b.Close()
 }
