@@ -69,8 +69,7 @@ func main() {
 	flag.IntVar(&o.poisonPercent, "poison-percent", 2, "share of orders whose event no consumer can decode (each consumer must dead-letter it)")
 	flag.IntVar(&o.crashAfterPublish, "crash-after-publish", 25, "every Nth relay pass dies after publishing, before marking (0: never)")
 	flag.IntVar(&o.crashAfterCharge, "crash-after-charge", 40, "Billing's process exits after every Nth charge, before its invoice commits (0: never; "+
-		"default 400 on Kafka, where each restart costs a consumer-group rebalance of several seconds: at 40 the crash loop alone "+
-		"would hold Billing below the offered rate)")
+		"on Kafka too: its consumers are static members of their groups, so a restart costs no rebalance)")
 	flag.BoolVar(&o.brokerRestart, "broker-restart", false, "amqp: also stop and start the RabbitMQ application (every client of the shared broker sees it)")
 	flag.BoolVar(&o.noInbox, "no-inbox", false, "negative control: run the consumers without their inbox; the checker must fail")
 	flag.BoolVar(&o.keep, "keep", false, "keep the schema, vhost, streams and logs for inspection")
@@ -80,11 +79,6 @@ func main() {
 	flag.Uint64Var(&o.seed, "seed", 0, "random seed for the faults and the load (0: from the clock); printed, to replay a run")
 	flag.BoolVar(&o.quiet, "quiet", false, "print the result only, not each fault")
 	flag.Parse()
-	set := map[string]bool{}
-	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
-	if o.broker == "kafka" && !set["crash-after-charge"] {
-		o.crashAfterCharge = 400
-	}
 	if err := o.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		os.Exit(2)

@@ -73,6 +73,11 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 	for _, c := range consumers {
 		args := append(common(c), "--role", "consumers", "--consumers", c, "--addr", "127.0.0.1:0",
 			"--gateway", base+"/gateway/charges")
+		if o.broker == "kafka" {
+			// A static member: a consumer killed and restarted gets its partitions back without
+			// stopping its group.
+			args = append(args, "--kafka-instance-id", c)
+		}
 		if c == "billing" && o.crashAfterCharge > 0 {
 			args = append(args, "--crash-after-charge-every", strconv.Itoa(o.crashAfterCharge))
 		}

@@ -104,7 +104,8 @@ func run(ctx context.Context, o options) error {
 	for i, c := range consumerNames {
 		groups[i] = c.name
 	}
-	broker, err := backends.Open(ctx, o.brokerURL, backends.Options{Logger: logger, Consumers: map[string][]string{topic: groups}})
+	broker, err := backends.Open(ctx, o.brokerURL, backends.Options{Logger: logger, Consumers: map[string][]string{topic: groups},
+		KafkaInstanceID: o.kafkaInstanceID})
 	if err != nil {
 		return fmt.Errorf("cannot open the broker at %s: %w (pass --broker)", redact(o.brokerURL), err)
 	}

@@ -30,10 +30,13 @@ type options struct {
 	// role is what this process runs: all of it, or one part, so that the parts can run (and
 	// be killed) as separate processes: orders (the HTTP service and the payment gateway), relay
 	// (a forwarder; run several), consumers (those named in only).
-	role       string
-	only       []string // consumers to run; all when empty
-	relayName  string
-	gatewayURL string // the payment gateway Billing charges; default this process's own
+	role      string
+	only      []string // consumers to run; all when empty
+	relayName string
+	// kafkaInstanceID makes this process's Kafka subscriptions static members of their groups
+	// (backends.Options.KafkaInstanceID), so that its restart does not rebalance them.
+	kafkaInstanceID string
+	gatewayURL      string // the payment gateway Billing charges; default this process's own
 
 	orders        int
 	rate          float64
@@ -94,6 +97,8 @@ func main() {
 		"orders (the HTTP service and the payment gateway), relay (a forwarder: run several) or consumers")
 	consumers := flag.String("consumers", "", "with --role consumers: the consumers to run, comma-separated (default: shipping,billing,search)")
 	flag.StringVar(&o.relayName, "relay-name", "demo", "the forwarder's name in metrics and logs (give each relay process its own)")
+	flag.StringVar(&o.kafkaInstanceID, "kafka-instance-id", "", "kafka: this process's static member name in its consumer groups, stable across "+
+		"its restarts and unique among the group's processes (\"billing-0\"): a restart within the session timeout does not rebalance the group")
 	flag.StringVar(&o.gatewayURL, "gateway", "", "the payment gateway Billing charges (default: this process's own /gateway/charges; "+
 		"with --role consumers, the orders process's)")
 	flag.IntVar(&o.orders, "orders", 200, "sample orders to place (0: none, with --serve)")
