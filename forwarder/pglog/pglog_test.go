@@ -554,7 +554,6 @@ func TestStandbyTakesOverAfterSIGKILL(t *testing.T) {
 		return pg.Int(t, `SELECT count(*) FROM {{schema}}.received WHERE id = ANY($1)`, ids) == len(ids)
 	}
 	testenv.Eventually(t, 20*time.Second, "events published by the active relay", received)
-	before := len(ids)
 	if standby.Active() {
 		t.Fatal("the standby reads the slot while the active relay lives")
 	}
@@ -575,8 +574,11 @@ func TestStandbyTakesOverAfterSIGKILL(t *testing.T) {
 	testenv.Eventually(t, 20*time.Second, "every event after the takeover", received)
 	dups := pg.Int(t, `SELECT coalesce(sum(n - 1), 0) FROM {{schema}}.received`)
 	t.Logf("takeover %s after SIGKILL; %d duplicates", takeover, dups)
-	if dups > before {
-		t.Errorf("%d duplicates, more than the %d events the killed relay had published", dups, before)
+	// The new reader publishes again what the killed one had not confirmed (the first events,
+	// confirmed at most once a second); should its own session restart, what it had not confirmed
+	// either. Never more than every event once more.
+	if dups > len(ids) {
+		t.Errorf("%d duplicates, more than the %d events written", dups, len(ids))
 	}
 }
 
