@@ -20,7 +20,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 port=${PG_LOGICAL_PORT:-55432}
 bin=${PG_LOGICAL_BIN:-$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n1)}
-dir="$root/.cache/pg-logical"
+dir="$root/.cache/pg-logical/$port" # one cluster per port: a data folder serves the port it was made for
 data="$dir/data"
 log="$dir/server.log"
 url="postgres://postgres@127.0.0.1:$port/test?sslmode=disable"
