@@ -344,9 +344,15 @@ func (h *kafkaGroupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim
 			cancel()
 		}
 	}()
+	full := false // the window filled up: hand out again once half of it is settled, in a run
 	for {
 		var records <-chan *sarama.ConsumerMessage
-		if len(out) < h.s.unacked {
+		if len(out) >= h.s.unacked {
+			full = true
+		} else if full && len(out) <= h.s.unacked/2 {
+			full = false
+		}
+		if !full {
 			records = claim.Messages()
 		}
 		select {

@@ -217,9 +217,10 @@ func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 		defer settling.Wait()
 		defer stop()
 		window := make(chan struct{}, s.unacked) // a slot per message handed out and not settled
+		settled := make(chan struct{}, 1)        // a message was settled
 		fields := watermill.LogFields{"topic": topic, "consumer_group": s.group}
 		for attempt := 1; sctx.Err() == nil; {
-			err := s.fetchAndDeliver(sctx, consumer, held, out, window, &settling)
+			err := s.fetchAndDeliver(sctx, consumer, held, out, window, settled, &settling)
 			switch {
 			case sctx.Err() != nil:
 				return
@@ -246,7 +247,7 @@ var natsRetry = outboxkit.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time
 // With unacked > 1 it does not wait for the verdicts: window holds a slot per message handed out
 // and not settled, across fetches, and settling counts the goroutines that wait for them.
 func (s *natsSubscriber) fetchAndDeliver(ctx context.Context, consumer jetstream.Consumer, held *natsHeld, out chan<- *message.Message,
-	window chan struct{}, settling *sync.WaitGroup) error {
+	window, settled chan struct{}, settling *sync.WaitGroup) error {
 	fctx, cancel := context.WithTimeout(ctx, natsFetchWait)
 	defer cancel()
 	held.setFetch(cancel)
@@ -276,6 +277,16 @@ func (s *natsSubscriber) fetchAndDeliver(ctx context.Context, consumer jetstream
 			held.remove(jm)
 			continue
 		}
+		if len(window) == cap(window) {
+			// The window is full: hand out again once half of it is settled, in a run, so that a
+			// batching consumer finds a batch waiting rather than one message at a time.
+			for len(window) > cap(window)/2 && ctx.Err() == nil {
+				select {
+				case <-settled:
+				case <-ctx.Done():
+				}
+			}
+		}
 		select {
 		case window <- struct{}{}:
 		case <-ctx.Done():
@@ -295,7 +306,13 @@ func (s *natsSubscriber) fetchAndDeliver(ctx context.Context, consumer jetstream
 		settling.Add(1)
 		go func() {
 			defer settling.Done()
-			defer func() { <-window }()
+			defer func() {
+				<-window
+				select {
+				case settled <- struct{}{}:
+				default:
+				}
+			}()
 			defer held.remove(jm)
 			if !s.settle(ctx, jm, msg, cancel) {
 				_ = jm.Nak()
