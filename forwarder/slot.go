@@ -23,4 +23,8 @@ type SlotStatus struct {
 	SafeWALBytes int64
 	// ConfirmedLSN is the slot's confirmed position ("" when missing).
 	ConfirmedLSN string
+	// ParkedKeys is, for the relay that reports it, how many partition keys back off after a
+	// failure of their oldest event, holding their later events (and the confirmed position). 0 when
+	// read by an operator's tool.
+	ParkedKeys int
 }

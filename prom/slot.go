@@ -23,6 +23,7 @@ type SlotSource interface {
 //	outboxkit_log_relay_slot_retained_bytes{relay, slot}       WAL it keeps from removal
 //	outboxkit_log_relay_slot_safe_wal_bytes{relay, slot}       WAL left before it is invalidated (absent when unlimited)
 //	outboxkit_log_relay_slot_wal_status{relay, slot, status}   1 for its wal_status (reserved, extended, unreserved, lost)
+//	outboxkit_log_relay_parked_keys{relay, slot}               keys backing off after a failure of their oldest event
 //
 // The commit→publish time is the forwarder's outboxkit_forwarder_commit_to_confirm_seconds
 // (NewForwarderMetrics). A slot that cannot be read at a scrape has no series in it.
@@ -38,6 +39,8 @@ var (
 	slotRetainedDesc = prometheus.NewDesc("outboxkit_log_relay_slot_retained_bytes", "WAL the slot keeps from removal, in bytes.", slotLabels, nil)
 	slotSafeDesc     = prometheus.NewDesc("outboxkit_log_relay_slot_safe_wal_bytes",
 		"WAL that can still be written before the slot is invalidated (max_slot_wal_keep_size), in bytes.", slotLabels, nil)
+	slotParkedDesc = prometheus.NewDesc("outboxkit_log_relay_parked_keys",
+		"Partition keys whose oldest event backs off after a failure, holding their later events.", slotLabels, nil)
 	slotStatusDesc = prometheus.NewDesc("outboxkit_log_relay_slot_wal_status", "1 for the slot's wal_status.",
 		[]string{"relay", "slot", "status"}, nil)
 )
@@ -63,6 +66,7 @@ func (c *slotCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(slotExistsDesc, prometheus.GaugeValue, b(s.Exists), s.Relay, s.Slot)
 		ch <- prometheus.MustNewConstMetric(slotActiveDesc, prometheus.GaugeValue, b(s.Active), s.Relay, s.Slot)
+		ch <- prometheus.MustNewConstMetric(slotParkedDesc, prometheus.GaugeValue, float64(s.ParkedKeys), s.Relay, s.Slot)
 		if !s.Exists {
 			continue
 		}

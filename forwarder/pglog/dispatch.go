@@ -158,6 +158,8 @@ func (d *dispatcher) eligible(now time.Time) (batch []*entry, wakeAt time.Time) 
 	}
 	held := map[string]bool{}
 	seqs := map[int64]bool{} // a row read twice (backfill and log) goes in one round at a time
+	parked := 0              // keys whose oldest event backs off
+	defer func() { d.s.r.parked.Store(int64(parked)) }()
 	limit := d.s.r.fcfg.BatchSize
 	for _, e := range d.fifo[d.head:] {
 		if len(batch) >= limit {
@@ -173,6 +175,7 @@ func (d *dispatcher) eligible(now time.Time) (batch []*entry, wakeAt time.Time) 
 		if e.nextAt.After(now) {
 			if k != "" {
 				held[k] = true
+				parked++
 			}
 			if wakeAt.IsZero() || e.nextAt.Before(wakeAt) {
 				wakeAt = e.nextAt

@@ -683,3 +683,27 @@ func TestKilledDuringBackfillLosesNothing(t *testing.T) {
 		t.Errorf("%d duplicates, more than the %d published before the kill", d, before)
 	}
 }
+
+// The relay reports its slot as the server sees it, and the keys it holds back after a failure.
+func TestSlotStatusShowsParkedKeys(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewLogicalPG(t)
+	pub := &failing{recorder: newRecorder(), badKey: "bad"}
+	r := relayOn(t, pg, pub, func(f *forwarder.Config, _ *pglog.Config) {
+		f.MaxAttempts = 1000
+		f.Backoff = forwarder.Backoff{Initial: time.Second, Max: time.Second, Multiplier: 1}
+	})
+	run(t, r)
+	write(t, pg, "bad", 2)
+	good := write(t, pg, "good", 1)
+	testenv.Eventually(t, 10*time.Second, "the other key's event", func() bool { return pub.has(good) })
+	var s forwarder.SlotStatus
+	testenv.Eventually(t, 10*time.Second, "one parked key on a read slot", func() bool {
+		var err error
+		s, err = r.SlotStatus(context.Background())
+		return err == nil && s.ParkedKeys == 1 && s.Exists && s.Active && s.WALStatus == "reserved"
+	})
+	if s.Slot != r.SlotName() || s.Mode != "table" || s.SafeWALBytes <= 0 {
+		t.Errorf("slot status %+v", s)
+	}
+}

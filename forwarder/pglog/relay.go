@@ -120,8 +120,9 @@ type Relay struct {
 	fields watermill.LogFields
 
 	running  atomic.Bool
-	active   atomic.Bool // reading the slot now
-	slotLost atomic.Bool // in WAL mode, the slot was found lost and Run stopped
+	active   atomic.Bool  // reading the slot now
+	slotLost atomic.Bool  // in WAL mode, the slot was found lost and Run stopped
+	parked   atomic.Int64 // keys whose oldest event backs off, as of the last round
 	hooks    hooks
 
 	mu       sync.Mutex

@@ -45,16 +45,19 @@ func ReadSlots(ctx context.Context, pool *pgxpool.Pool, schema string) ([]forwar
 	return readSlots(ctx, pool, schema, nil)
 }
 
-// SlotStatus reads the relay's slot as the server sees it (prom.NewSlotCollector exports it at
-// each scrape). Before the relay first ran, it reports the slot as missing. One statement.
+// SlotStatus reads the relay's slot as the server sees it, with the relay's parked keys
+// (prom.NewSlotCollector exports it at each scrape). Before the relay first ran, it reports the
+// slot as missing. One statement.
 func (r *Relay) SlotStatus(ctx context.Context) (forwarder.SlotStatus, error) {
 	name := r.fcfg.Name
 	slots, err := readSlots(ctx, r.cfg.Pool, r.schema, &name)
 	if err != nil {
 		return forwarder.SlotStatus{}, err
 	}
-	if len(slots) == 0 {
-		return forwarder.SlotStatus{Relay: name, Slot: r.cfg.SlotName, Mode: string(r.cfg.Mode), SafeWALBytes: -1}, nil
+	s := forwarder.SlotStatus{Relay: name, Slot: r.cfg.SlotName, Mode: string(r.cfg.Mode), SafeWALBytes: -1}
+	if len(slots) > 0 {
+		s = slots[0]
 	}
-	return slots[0], nil
+	s.ParkedKeys = int(r.parked.Load())
+	return s, nil
 }
