@@ -9,6 +9,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/google/uuid"
 	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxkit/outboxkit/store"
 )
@@ -34,6 +35,7 @@ type dispatcher struct {
 	lastFlush   time.Time
 	pauseUntil  time.Time // the broker circuit's probe time
 	bad         []*entry  // messages that do not decode, to dead-letter
+	pendingDead []deadRow // dead letters, written with the next checkpoint
 }
 
 func newDispatcher(s *session) *dispatcher {
@@ -239,36 +241,51 @@ func (d *dispatcher) deadLetterBad(ctx context.Context) error {
 	return nil
 }
 
-// deadLetter parks an event the broker keeps refusing, in the outbox, for an operator: an outbox
-// row is marked, a message of the log is written as a dead-lettered row (which the relay, reading
-// it back, skips).
-func (d *dispatcher) deadLetter(ctx context.Context, e *entry, errText string) error {
+// deadRow is a dead letter to write with the next checkpoint.
+type deadRow struct {
+	row     store.OutboxRow
+	delKey  string // the outbox row's uuid; "" for an event of the log, written as a row
+	errText string
+	at      time.Time
+}
+
+// deadLetter parks an event the broker keeps refusing, in the outbox, for an operator: it is
+// written in the transaction of the next checkpoint, which is the first to move past it — so the
+// slot never moves past a dead letter that was not written.
+func (d *dispatcher) deadLetter(_ context.Context, e *entry, errText string) error {
+	d.pendingDead = append(d.pendingDead, deadRow{row: e.row, delKey: e.delKey, errText: errText, at: d.s.r.fcfg.Now()})
+	return nil
+}
+
+// writeDeadLetter writes dl in tx: an outbox row is marked, an event of the log is written as a
+// dead-lettered row (which the relay, reading it back, skips).
+func (d *dispatcher) writeDeadLetter(ctx context.Context, tx pgx.Tx, dl deadRow) error {
 	r := d.s.r
 	var err error
-	if e.delKey != "" {
-		_, err = r.cfg.Pool.Exec(ctx, fmt.Sprintf(`UPDATE %s SET attempts = $2, last_error = $3, dead_lettered_at = $4
+	if dl.delKey != "" {
+		_, err = tx.Exec(ctx, fmt.Sprintf(`UPDATE %s SET attempts = $2, last_error = $3, dead_lettered_at = $4
 			WHERE uuid = $1::uuid AND published_at IS NULL`, r.table("outbox")),
-			e.delKey, e.row.Attempts, errText, r.fcfg.Now())
+			dl.delKey, dl.row.Attempts, dl.errText, dl.at)
 	} else {
-		key, text := storedID(e.row.UUID)
+		key, text := storedID(dl.row.UUID)
 		var pkey any
-		if e.row.PartitionKey != "" {
-			pkey = e.row.PartitionKey
+		if dl.row.PartitionKey != "" {
+			pkey = dl.row.PartitionKey
 		}
-		metadata := string(e.row.Metadata)
+		metadata := string(dl.row.Metadata)
 		if metadata == "" {
 			metadata = "{}"
 		}
-		payload := e.row.Payload
+		payload := dl.row.Payload
 		if payload == nil {
 			payload = []byte{}
 		}
-		_, err = r.cfg.Pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, uuid_text, topic, partition_key, payload, metadata, created_at,
+		_, err = tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, uuid_text, topic, partition_key, payload, metadata, created_at,
 			attempts, last_error, dead_lettered_at) VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (uuid) DO NOTHING`,
-			r.table("outbox")), key, text, e.row.Topic, pkey, payload, metadata, e.row.CreatedAt, e.row.Attempts, errText, r.fcfg.Now())
+			r.table("outbox")), key, text, dl.row.Topic, pkey, payload, metadata, dl.row.CreatedAt, dl.row.Attempts, dl.errText, dl.at)
 	}
 	if err != nil {
-		return fmt.Errorf("dead-letter event %s: %w", e.row.UUID, err)
+		return fmt.Errorf("dead-letter event %s: %w", dl.row.UUID, err)
 	}
 	return nil
 }
@@ -308,18 +325,33 @@ func (d *dispatcher) advance() {
 // the table, so the rows left there are what a lost slot's backfill must read.
 func (d *dispatcher) flush(ctx context.Context) error {
 	d.lastFlush = time.Now()
-	if len(d.pendingDel) == 0 && d.confirmable == d.flushedLSN {
+	if len(d.pendingDel) == 0 && len(d.pendingDead) == 0 && d.confirmable == d.flushedLSN {
 		d.s.flushed.Store(d.popped)
 		return nil
 	}
 	r := d.s.r
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	_, err := r.cfg.Pool.Exec(fctx, fmt.Sprintf(`WITH removed AS (DELETE FROM %s WHERE uuid = ANY($1::uuid[]) AND dead_lettered_at IS NULL)
+	checkpoint := fmt.Sprintf(`WITH removed AS (DELETE FROM %s WHERE uuid = ANY($1::uuid[]) AND dead_lettered_at IS NULL)
 		INSERT INTO %s AS c (name, slot_name, mode, confirmed_lsn) VALUES ($2, $3, $4, $5::text::pg_lsn)
 		ON CONFLICT (name) DO UPDATE SET confirmed_lsn = GREATEST(c.confirmed_lsn, excluded.confirmed_lsn), mode = excluded.mode, updated_at = now()`,
-		r.table("outbox"), r.table("log_relays")),
-		d.pendingDel, r.fcfg.Name, r.cfg.SlotName, string(r.cfg.Mode), d.confirmable.String())
+		r.table("outbox"), r.table("log_relays"))
+	args := []any{d.pendingDel, r.fcfg.Name, r.cfg.SlotName, string(r.cfg.Mode), d.confirmable.String()}
+	var err error
+	if len(d.pendingDead) == 0 {
+		_, err = r.cfg.Pool.Exec(fctx, checkpoint, args...)
+	} else {
+		// The dead letters and the checkpoint that moves past them, in one transaction.
+		err = pgx.BeginFunc(fctx, r.cfg.Pool, func(tx pgx.Tx) error {
+			for _, dl := range d.pendingDead {
+				if err := d.writeDeadLetter(fctx, tx, dl); err != nil {
+					return err
+				}
+			}
+			_, err := tx.Exec(fctx, checkpoint, args...)
+			return err
+		})
+	}
 	if err != nil {
 		return fmt.Errorf("remove published outbox rows and record the checkpoint: %w", err)
 	}
@@ -328,6 +360,7 @@ func (d *dispatcher) flush(ctx context.Context) error {
 	} else {
 		d.pendingDel = d.pendingDel[:0]
 	}
+	d.pendingDead = nil
 	d.flushedLSN = d.confirmable
 	d.s.ack.Store(uint64(d.confirmable))
 	d.s.flushed.Store(d.popped)
