@@ -252,6 +252,12 @@ func (s *session) sendStatus(final bool) error {
 	if lsn < s.lastSent {
 		lsn = s.lastSent
 	}
+	if s.conn.IsClosed() {
+		// A failed read closed the connection, and pgconn's goroutine is writing its goodbye on it:
+		// writing too would race with that, and would reach no server. The slot keeps the position
+		// last confirmed; the next session reads again from there.
+		return errors.New("send standby status: the replication connection is closed")
+	}
 	err := pglogrepl.SendStandbyStatusUpdate(context.Background(), s.conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: lsn})
 	if err != nil {
 		return fmt.Errorf("send standby status: %w", err)
