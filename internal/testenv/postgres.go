@@ -63,6 +63,16 @@ func NewLogicalPG(t testing.TB) *PG {
 	return pg
 }
 
+// NewLogicalPGAt is NewLogicalPG on the server at url (a private cluster a test started itself).
+func NewLogicalPGAt(t testing.TB, url string) *PG {
+	t.Helper()
+	pg := newEmptyPGAt(t, url)
+	if _, err := pg.Store.Migrate(context.Background()); err != nil {
+		t.Fatalf("migrate %s: %v", pg.Schema, err)
+	}
+	return pg
+}
+
 func newEmptyPGAt(t testing.TB, url string) *PG {
 	t.Helper()
 	ctx := context.Background()
