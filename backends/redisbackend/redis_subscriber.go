@@ -445,7 +445,9 @@ func (r *redisSubscription) claimOnce(ctx context.Context) error {
 			minIdle = redisGoneIdle
 		}
 		if c.Pending == 0 {
-			if c.Idle > redisForgetAfter || minIdle == redisGoneIdle {
+			// Forgotten only once silent for a while: deleting a consumer drops what it reads
+			// meanwhile from the pending list, for good.
+			if c.Idle > redisForgetAfter || minIdle == redisGoneIdle && c.Idle > 2*redisAliveFor {
 				r.s.client.XGroupDelConsumer(ctx, r.topic, r.s.group, c.Name)
 			}
 			continue
