@@ -115,9 +115,16 @@ func (r *Relay) session(ctx context.Context) error {
 		return fatalError{fmt.Errorf("%w (slot %s, wal_status %q): the events written since cannot be published; "+
 			"set SkipLostEvents to make a new slot and go on without them, after recording what was lost", ErrSlotLost, r.cfg.SlotName, slot.walStatus)}
 	}
-	if slot.exists && slot.walStatus == "lost" {
+	// What a lost slot leads to: in table mode a backfill; in WAL mode (SkipLostEvents) a new slot
+	// without the events the lost one held.
+	recovery := "backfilling the outbox rows left in the table, then following the log"
+	if r.cfg.Mode == ModeWAL {
+		recovery = "SkipLostEvents is set: making a new slot and going on WITHOUT the events the lost one held"
+	}
+	invalidated := slot.exists && slot.walStatus == "lost"
+	if invalidated {
 		r.log.Error("Replication slot invalidated (wal_status = lost: it retained more than max_slot_wal_keep_size): "+
-			"dropping it and backfilling from the outbox table", nil, r.fields)
+			"dropping it; "+recovery, nil, r.fields)
 		if err := pglogrepl.DropReplicationSlot(ctx, conn, r.cfg.SlotName, pglogrepl.DropReplicationSlotOptions{}); err != nil {
 			if sqlState(err) == codeObjectInUse {
 				return errSlotBusy
@@ -152,9 +159,9 @@ func (r *Relay) session(ctx context.Context) error {
 
 	switch {
 	case !slot.exists:
-		if cp.exists {
+		if cp.exists && !invalidated {
 			r.log.Error("Replication slot missing although the relay has read from it before (dropped by hand, or lost in a failover): "+
-				"backfilling the outbox rows left in the table, then following the log", nil, r.fields)
+				recovery, nil, r.fields)
 		}
 		if free, max, err := r.freeSlots(ctx); err != nil {
 			return finish(fmt.Errorf("count replication slots: %w", err))
