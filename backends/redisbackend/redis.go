@@ -40,7 +40,7 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 			Ping: func(ctx context.Context) error { return client.Ping(ctx).Err() }},
 		Lag: redisLag(client),
 		NewSubscriber: func(group string) (backends.Subscriber, error) {
-			sub := newRedisSubscriber(redis.NewClient(ropts), group, opts.Unacked, opts.ClaimAfter, marshaller, opts.Logger)
+			sub := newRedisSubscriber(func() *redis.Client { return redis.NewClient(ropts) }, group, opts.Unacked, opts.ClaimAfter, marshaller, opts.Logger)
 			return brokerio.NewRetryingSubscriber(sub, group, classifyRedis, opts.Logger), nil
 		},
 		Close: []func() error{pub.Close, client.Close},

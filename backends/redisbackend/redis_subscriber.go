@@ -58,7 +58,8 @@ func aliveKey(group, consumer string) string { return "outboxkit:alive:" + group
 //     (XREADGROUP COUNT), so that a batching consumer (middleware.BatchConsumer) fills its batches;
 //     acknowledgements go out in batches too (XACK of many ids).
 type redisSubscriber struct {
-	client     *redis.Client
+	client     *redis.Client        // creates groups
+	newClient  func() *redis.Client // a client for each subscription
 	group      string
 	unacked    int
 	claimAfter time.Duration
@@ -71,9 +72,9 @@ type redisSubscriber struct {
 	wg      sync.WaitGroup
 }
 
-func newRedisSubscriber(client *redis.Client, group string, unacked int, claimAfter time.Duration, m redisMarshaller,
+func newRedisSubscriber(newClient func() *redis.Client, group string, unacked int, claimAfter time.Duration, m redisMarshaller,
 	logger watermill.LoggerAdapter) *redisSubscriber {
-	return &redisSubscriber{client: client, group: group, unacked: max(unacked, 1), claimAfter: claimAfter, marshaller: m,
+	return &redisSubscriber{client: newClient(), newClient: newClient, group: group, unacked: max(unacked, 1), claimAfter: claimAfter, marshaller: m,
 		logger: logger, closing: make(chan struct{})}
 }
 
@@ -116,8 +117,11 @@ func (s *redisSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	}
 	var id [4]byte
 	_, _ = rand.Read(id[:])
+	// Each subscription has a client, and so a bounded pool, of its own: it holds a connection in
+	// its blocking read and uses up to three more (liveness, claims, acks), so subscriptions sharing
+	// one bounded pool would starve each other's liveness key and be taken for gone.
 	sub := &redisSubscription{
-		s: s, topic: topic, consumer: s.group + "-" + hex.EncodeToString(id[:]) + heartbeatSuffix,
+		s: s, client: s.newClient(), topic: topic, consumer: s.group + "-" + hex.EncodeToString(id[:]) + heartbeatSuffix,
 		out: make(chan *message.Message, s.unacked), window: make(chan struct{}, s.unacked),
 		claimed: make(chan []redis.XMessage, 1), acks: make(chan string, s.unacked),
 		fields: watermill.LogFields{"topic": topic, "consumer_group": s.group},
@@ -126,6 +130,7 @@ func (s *redisSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	// The key exists before the consumer does: nobody may take it for a gone one.
 	if err := sub.heartbeat(sctx); err != nil {
 		stop()
+		_ = sub.client.Close()
 		s.wg.Done()
 		return nil, classifyRedis(fmt.Errorf("subscribe to %s: %w", topic, err))
 	}
@@ -154,6 +159,7 @@ func (s *redisSubscriber) Close() error {
 // redisSubscription is one Subscribe: a consumer of the group of its own.
 type redisSubscription struct {
 	s        *redisSubscriber
+	client   *redis.Client
 	topic    string
 	consumer string
 	out      chan *message.Message
@@ -197,15 +203,16 @@ func (r *redisSubscription) run(ctx context.Context, stop context.CancelFunc) {
 	// Gone: what is still pending goes to a live member at once.
 	end, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	r.s.client.Del(end, aliveKey(r.s.group, r.consumer))
-	if p, err := r.s.client.XPendingExt(end, &redis.XPendingExtArgs{Stream: r.topic, Group: r.s.group, Start: "-", End: "+",
+	r.client.Del(end, aliveKey(r.s.group, r.consumer))
+	if p, err := r.client.XPendingExt(end, &redis.XPendingExtArgs{Stream: r.topic, Group: r.s.group, Start: "-", End: "+",
 		Count: 1, Consumer: r.consumer}).Result(); err == nil && len(p) == 0 {
-		r.s.client.XGroupDelConsumer(end, r.topic, r.s.group, r.consumer)
+		r.client.XGroupDelConsumer(end, r.topic, r.s.group, r.consumer)
 	}
+	_ = r.client.Close()
 }
 
 func (r *redisSubscription) heartbeat(ctx context.Context) error {
-	return r.s.client.Set(ctx, aliveKey(r.s.group, r.consumer), "1", redisAliveFor).Err()
+	return r.client.Set(ctx, aliveKey(r.s.group, r.consumer), "1", redisAliveFor).Err()
 }
 
 // readLoop reads new entries, as many as the window has room for, and hands them out; entries the
@@ -243,7 +250,7 @@ func (r *redisSubscription) readLoop(ctx context.Context) {
 			continue
 		default:
 		}
-		xss, err := r.s.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: r.s.group, Consumer: r.consumer,
+		xss, err := r.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: r.s.group, Consumer: r.consumer,
 			Streams: []string{r.topic, ">"}, Count: int64(free), Block: redisReadBlock}).Result()
 		if ctx.Err() != nil {
 			r.release(free)
@@ -393,7 +400,7 @@ func (r *redisSubscription) ackLoop() {
 func (r *redisSubscription) ack(ids []string) {
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		err := r.s.client.XAck(ctx, r.topic, r.s.group, ids...).Err()
+		err := r.client.XAck(ctx, r.topic, r.s.group, ids...).Err()
 		cancel()
 		if err == nil {
 			return
@@ -425,7 +432,7 @@ func (r *redisSubscription) claimLoop(ctx context.Context) {
 }
 
 func (r *redisSubscription) claimOnce(ctx context.Context) error {
-	consumers, err := r.s.client.XInfoConsumers(ctx, r.topic, r.s.group).Result()
+	consumers, err := r.client.XInfoConsumers(ctx, r.topic, r.s.group).Result()
 	if err != nil {
 		return err
 	}
@@ -435,7 +442,7 @@ func (r *redisSubscription) claimOnce(ctx context.Context) error {
 		}
 		minIdle := r.s.claimAfter
 		if strings.HasSuffix(c.Name, heartbeatSuffix) {
-			alive, err := r.s.client.Exists(ctx, aliveKey(r.s.group, c.Name)).Result()
+			alive, err := r.client.Exists(ctx, aliveKey(r.s.group, c.Name)).Result()
 			if err != nil {
 				return err
 			}
@@ -448,7 +455,7 @@ func (r *redisSubscription) claimOnce(ctx context.Context) error {
 			// Forgotten only once silent for a while: deleting a consumer drops what it reads
 			// meanwhile from the pending list, for good.
 			if c.Idle > redisForgetAfter || minIdle == redisGoneIdle && c.Idle > 2*redisAliveFor {
-				r.s.client.XGroupDelConsumer(ctx, r.topic, r.s.group, c.Name)
+				r.client.XGroupDelConsumer(ctx, r.topic, r.s.group, c.Name)
 			}
 			continue
 		}
@@ -463,7 +470,7 @@ func (r *redisSubscription) claimOnce(ctx context.Context) error {
 // to be handed out.
 func (r *redisSubscription) claimFrom(ctx context.Context, consumer string, minIdle time.Duration) error {
 	for {
-		pending, err := r.s.client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: r.topic, Group: r.s.group,
+		pending, err := r.client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: r.topic, Group: r.s.group,
 			Idle: minIdle, Start: "-", End: "+", Count: int64(max(r.s.unacked, 16)), Consumer: consumer}).Result()
 		if err != nil || len(pending) == 0 {
 			return err
@@ -473,7 +480,7 @@ func (r *redisSubscription) claimFrom(ctx context.Context, consumer string, minI
 			ids[i] = p.ID
 		}
 		// MinIdle again: of two members claiming at once, only the first gets an entry.
-		xms, err := r.s.client.XClaim(ctx, &redis.XClaimArgs{Stream: r.topic, Group: r.s.group, Consumer: r.consumer,
+		xms, err := r.client.XClaim(ctx, &redis.XClaimArgs{Stream: r.topic, Group: r.s.group, Consumer: r.consumer,
 			MinIdle: minIdle, Messages: ids}).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return err
