@@ -23,6 +23,10 @@ type nopPublisher struct{}
 func (nopPublisher) Publish(string, ...*message.Message) error { return nil }
 func (nopPublisher) Close() error                              { return nil }
 
+type slotSource struct{ s forwarder.SlotStatus }
+
+func (s slotSource) SlotStatus(context.Context) (forwarder.SlotStatus, error) { return s.s, nil }
+
 // Every metric the shipped alerts read must be one outboxkit exports, or a rename would silently
 // disarm an alert. promtool (make alerts) checks the rules' syntax and that they fire.
 func TestAlertsReadMetricsThatExist(t *testing.T) {
@@ -61,6 +65,9 @@ func TestAlertsReadMetricsThatExist(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg.MustRegister(prom.NewLagCollector(b, topic, "billing"))
+	// The log relay's slot, as a relay reports it (forwarder/pglog's tests read a real one).
+	reg.MustRegister(prom.NewSlotCollector(slotSource{forwarder.SlotStatus{Relay: "default", Slot: "outboxkit_default",
+		Mode: "table", Exists: true, Active: true, WALStatus: "reserved", SafeWALBytes: -1}}))
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
