@@ -23,7 +23,7 @@ all: lint test
 ## (scripts/pg-logical.sh, data in .cache/pg-logical/): started here if it is not running, and
 ## stopped after the tests, passed or failed, if this run started it.
 test: services tools browser
-	scripts/pg-logical.sh with env $(SERVICE_ENV) $(GO) test -race -count=1 -timeout 20m $(PKGS)
+	scripts/pg-logical.sh with env $(SERVICE_ENV) $(GO) test -race -count=1 -timeout 30m $(PKGS)
 
 ## test-unit: the tests that need no service (the others skip, naming the variable they need).
 test-unit:
