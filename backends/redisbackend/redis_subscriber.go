@@ -167,6 +167,7 @@ type redisSubscription struct {
 	claimed  chan []redis.XMessage // entries the claimer took over, to hand out before new ones
 	acks     chan string           // ids to acknowledge
 	settling sync.WaitGroup        // goroutines waiting for a verdict
+	inflight sync.Map              // ids handed out and not settled
 	fields   watermill.LogFields
 }
 
@@ -218,6 +219,7 @@ func (r *redisSubscription) heartbeat(ctx context.Context) error {
 // readLoop reads new entries, as many as the window has room for, and hands them out; entries the
 // claimer took over go first.
 func (r *redisSubscription) readLoop(ctx context.Context) {
+	pendingFrom := "" // "0" after a failed read: read this consumer's pending entries first
 	for attempt := 1; ; {
 		if !r.acquire(ctx) {
 			return
@@ -250,6 +252,34 @@ func (r *redisSubscription) readLoop(ctx context.Context) {
 			continue
 		default:
 		}
+		if pendingFrom != "" {
+			// After a failed read or ack: this consumer's own pending entries, which Redis counts as
+			// delivered though the reply may never have arrived (a connection cut mid-reply) or whose
+			// XACK was lost. A live consumer is never claimed from, so nobody else would hand them out.
+			xss, err := r.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: r.s.group, Consumer: r.consumer,
+				Streams: []string{r.topic, pendingFrom}, Count: int64(free)}).Result()
+			if err == nil || errors.Is(err, redis.Nil) {
+				var xms []redis.XMessage
+				for _, xs := range xss {
+					xms = append(xms, xs.Messages...)
+				}
+				if len(xms) == 0 {
+					pendingFrom = ""
+					r.release(free)
+					continue
+				}
+				pendingFrom = xms[len(xms)-1].ID
+				fresh := xms[:0]
+				for _, xm := range xms {
+					if _, busy := r.inflight.Load(xm.ID); !busy {
+						fresh = append(fresh, xm)
+					}
+				}
+				free = r.handOut(ctx, fresh, true, free)
+				r.release(free)
+				continue
+			}
+		}
 		xss, err := r.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: r.s.group, Consumer: r.consumer,
 			Streams: []string{r.topic, ">"}, Count: int64(free), Block: redisReadBlock}).Result()
 		if ctx.Err() != nil {
@@ -261,6 +291,7 @@ func (r *redisSubscription) readLoop(ctx context.Context) {
 			if strings.HasPrefix(err.Error(), "NOGROUP") { // the stream or group was deleted: make them again
 				_ = r.s.createGroup(ctx, r.topic)
 			}
+			pendingFrom = "0"
 			wait := redisRetry.Delay(attempt)
 			attempt++
 			r.s.logger.Error("Cannot read from the Redis stream, retrying", err, r.fields.Add(watermill.LogFields{"retry_in": wait}))
@@ -317,8 +348,10 @@ func (r *redisSubscription) handOut(ctx context.Context, xms []redis.XMessage, r
 		}
 		free--
 		r.settling.Add(1)
+		r.inflight.Store(xm.ID, struct{}{})
 		cancel, ok := r.send(ctx, msg, redelivered)
 		if !ok {
+			r.inflight.Delete(xm.ID)
 			r.settling.Done()
 			r.release(1)
 			return free
@@ -347,6 +380,7 @@ func (r *redisSubscription) send(ctx context.Context, msg *message.Message, rede
 // ends first (the entry stays pending and is taken over).
 func (r *redisSubscription) settle(ctx context.Context, id string, msg *message.Message, cancel context.CancelFunc) {
 	defer r.settling.Done()
+	defer r.inflight.Delete(id)
 	defer func() { <-r.window }()
 	defer func() { cancel() }()
 	for {
