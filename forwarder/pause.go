@@ -25,6 +25,8 @@ type pauseSet struct {
 // relayState is what the heartbeat reads and writes beside the passes.
 type relayState struct {
 	pauses     atomic.Pointer[pauseSet]
+	changedMu  sync.Mutex
+	changed    chan struct{} // closed when the heartbeat reads pauses other than the ones in force
 	started    time.Time
 	mu         sync.Mutex
 	published  int64
@@ -40,6 +42,72 @@ func (f *Forwarder) paused(topic string) bool {
 	p := f.relay.pauses.Load()
 	return p != nil && (p.relay || p.topics[topic])
 }
+
+// equal reports whether p and o pause the same things (nil: nothing read yet, none in force).
+func (p *pauseSet) equal(o *pauseSet) bool {
+	pr, or := p != nil && p.relay, o != nil && o.relay
+	var pt, ot map[string]bool
+	if p != nil {
+		pt = p.topics
+	}
+	if o != nil {
+		ot = o.topics
+	}
+	if pr != or || len(pt) != len(ot) {
+		return false
+	}
+	for t := range pt {
+		if !ot[t] {
+			return false
+		}
+	}
+	return true
+}
+
+// Paused reports whether a row of topic must wait now: its topic or the relay (by its Name) is
+// paused, as of the pauses the heartbeat last read. For a relay of another source (package
+// forwarder/pglog), which runs Heartbeat beside PublishRows; PublishRows itself publishes no row
+// that is paused.
+func (f *Forwarder) Paused(topic string) bool { return f.paused(topic) }
+
+// Pausing reports whether any pause that concerns this relay is in force: its Name's, or a
+// topic's.
+func (f *Forwarder) Pausing() bool {
+	p := f.relay.pauses.Load()
+	return p != nil && (p.relay || len(p.topics) > 0)
+}
+
+// RelayPaused reports whether relays of this forwarder's Name are paused, as of the pauses the
+// heartbeat last read.
+func (f *Forwarder) RelayPaused() bool {
+	p := f.relay.pauses.Load()
+	return p != nil && p.relay
+}
+
+// PausesChanged returns a channel closed once the heartbeat reads pauses other than the ones in
+// force when it was called: a relay holding paused rows waits on it to go on at once on resume.
+func (f *Forwarder) PausesChanged() <-chan struct{} {
+	f.relay.changedMu.Lock()
+	defer f.relay.changedMu.Unlock()
+	if f.relay.changed == nil {
+		f.relay.changed = make(chan struct{})
+	}
+	return f.relay.changed
+}
+
+// Heartbeat reads the pauses and reports the relay every HeartbeatInterval, as Run does beside
+// its passes, until ctx ends — for a relay of another source (package forwarder/pglog) that
+// publishes through PublishRows. It returns at once when the store keeps no pauses
+// (store.RelayControl).
+func (f *Forwarder) Heartbeat(ctx context.Context) {
+	if rc, ok := store.RelayControlOf(f.cfg.Store); ok {
+		f.heartbeatLoop(ctx, rc)
+	}
+}
+
+// IdlePass records a round of another source's relay that had nothing to publish: Health's
+// LastPass (and the last-pass metric, and the heartbeat's) stay current while it is idle or paused.
+func (f *Forwarder) IdlePass() { f.passDone(false) }
 
 // countPublished adds a pass's published rows to the per-topic totals the heartbeat reports.
 func (f *Forwarder) countPublished(rows []store.OutboxRow, published []publishedRow) {
@@ -101,7 +169,14 @@ func (f *Forwarder) heartbeat(ctx context.Context, rc store.RelayControl, host s
 			set.relay = true
 		}
 	}
-	f.relay.pauses.Store(set)
+	if old := f.relay.pauses.Swap(set); !set.equal(old) {
+		f.relay.changedMu.Lock()
+		if f.relay.changed != nil {
+			close(f.relay.changed)
+			f.relay.changed = nil
+		}
+		f.relay.changedMu.Unlock()
+	}
 	now := f.cfg.Now()
 	h := f.Health()
 	f.relay.mu.Lock()

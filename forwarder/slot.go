@@ -27,4 +27,12 @@ type SlotStatus struct {
 	// failure of their oldest event, holding their later events (and the confirmed position). 0 when
 	// read by an operator's tool.
 	ParkedKeys int
+	// Paused is set while an operator pauses the relay group (store.PauseRelay, by its Name): it
+	// publishes nothing, and the slot's confirmed position stays where it was, so LagBytes grows
+	// with every write to the database until it is resumed.
+	Paused bool
+	// HeldEvents is, for the relay that reports it, how many events it holds read but unpublished
+	// because of a pause: of a paused topic, behind one of their key, or all while the relay is
+	// paused. They hold the confirmed position. 0 when read by an operator's tool.
+	HeldEvents int
 }

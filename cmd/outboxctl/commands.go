@@ -197,6 +197,9 @@ func (e *env) status(ctx context.Context, args []string) error {
 			if r.Active {
 				reader = "attached"
 			}
+			if r.Paused {
+				reader += " (PAUSED: publishes nothing, lag grows)"
+			}
 			if !r.Exists {
 				status = "MISSING"
 			}

@@ -19,6 +19,8 @@ type entry struct {
 	item
 	done   bool // published or dead-lettered; a transaction's end is always done
 	nextAt time.Time
+	// extra counts the items compact dropped in favour of this one: it stands for 1 + extra.
+	extra int64
 }
 
 // dispatcher publishes the items in rounds through the forwarder and moves the confirmed position
@@ -36,6 +38,7 @@ type dispatcher struct {
 	pauseUntil  time.Time // the broker circuit's probe time
 	bad         []*entry  // messages that do not decode, to dead-letter
 	pendingDead []deadRow // dead letters, written with the next checkpoint
+	doneBehind  int       // entries marked done since the last compact: what it could drop
 }
 
 func newDispatcher(s *session) *dispatcher {
@@ -47,6 +50,9 @@ func (d *dispatcher) window() int { return len(d.fifo) - d.head }
 func (d *dispatcher) add(it item) {
 	e := &entry{item: it, done: it.end > 0}
 	d.fifo = append(d.fifo, e)
+	if e.done {
+		d.doneBehind++
+	}
 	if it.bad != nil {
 		e.done = true // once dead-lettered, below
 		d.bad = append(d.bad, e)
@@ -89,6 +95,8 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 			return err
 		}
 		now := r.fcfg.Now()
+		// Taken before the pauses are read: a resume after this closes it.
+		pausesChanged := r.fwd.PausesChanged()
 		var batch []*entry
 		wakeAt := time.Time{}
 		if stop.Err() == nil {
@@ -127,7 +135,9 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 			}
 			d.add(it)
 		case <-wake:
+		case <-pausesChanged:
 		case <-flushTick.C:
+			r.fwd.IdlePass()
 			if err := d.flush(ctx); err != nil {
 				return err
 			}
@@ -153,24 +163,50 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 }
 
 // eligible picks the next round: in commit order, each key's rows from its oldest not done one,
-// while due; a key whose oldest row backs off holds its later rows.
+// while due; a key whose oldest row backs off, or is of a paused topic, holds its later rows (of
+// every topic, as the polling relay's claim does). A paused relay publishes nothing.
 func (d *dispatcher) eligible(now time.Time) (batch []*entry, wakeAt time.Time) {
+	r := d.s.r
+	pausing := r.fwd.Pausing()
+	if !pausing {
+		r.held.Store(0)
+	}
+	if r.fwd.RelayPaused() {
+		n := 0
+		for _, e := range d.fifo[d.head:] {
+			if !e.done {
+				n++
+			}
+		}
+		r.held.Store(int64(n))
+		return nil, time.Time{}
+	}
 	if now.Before(d.pauseUntil) {
 		return nil, d.pauseUntil
 	}
-	held := map[string]bool{}
-	seqs := map[int64]bool{} // a row read twice (backfill and log) goes in one round at a time
-	parked := 0              // keys whose oldest event backs off
-	defer func() { d.s.r.parked.Store(int64(parked)) }()
-	limit := d.s.r.fcfg.BatchSize
+	held := map[string]bool{}   // keys behind an event that backs off
+	paused := map[string]bool{} // keys behind an event of a paused topic
+	seqs := map[int64]bool{}    // a row read twice (backfill and log) goes in one round at a time
+	parked, nPaused := 0, 0
+	limit := r.fcfg.BatchSize
 	for _, e := range d.fifo[d.head:] {
-		if len(batch) >= limit {
-			break
-		}
 		if e.done {
 			continue
 		}
 		k := e.row.PartitionKey
+		if pausing && (k != "" && paused[k] || r.fwd.Paused(e.row.Topic)) {
+			nPaused++
+			if k != "" {
+				paused[k] = true
+			}
+			continue
+		}
+		if len(batch) >= limit {
+			if !pausing {
+				break
+			}
+			continue // counting what the pauses hold
+		}
 		if (k != "" && held[k]) || seqs[e.row.Seq] {
 			continue
 		}
@@ -187,6 +223,10 @@ func (d *dispatcher) eligible(now time.Time) (batch []*entry, wakeAt time.Time) 
 		batch = append(batch, e)
 		seqs[e.row.Seq] = true
 	}
+	r.parked.Store(int64(parked))
+	if pausing {
+		r.held.Store(int64(nPaused))
+	}
 	return batch, wakeAt
 }
 
@@ -202,6 +242,7 @@ func (d *dispatcher) publish(ctx, stop context.Context, batch []*entry) error {
 	for _, seq := range del.Published {
 		e := bySeq[seq]
 		e.done = true
+		d.doneBehind++
 		e.row.Payload, e.row.Metadata = nil, nil
 	}
 	for _, f := range del.Failed {
@@ -212,6 +253,7 @@ func (d *dispatcher) publish(ctx, stop context.Context, batch []*entry) error {
 				return err
 			}
 			e.done = true
+			d.doneBehind++
 			e.delKey = "" // kept in the outbox as a dead letter
 			e.row.Payload, e.row.Metadata = nil, nil
 			continue
@@ -312,12 +354,62 @@ func (d *dispatcher) advance() {
 		}
 		d.fifo[d.head] = nil
 		d.head++
-		d.popped++
+		d.popped += 1 + e.extra
+	}
+	if d.window() >= d.s.r.cfg.Window && d.doneBehind > 0 {
+		d.compact()
 	}
 	if d.head > 1024 && d.head > len(d.fifo)/2 {
 		d.fifo = append(d.fifo[:0], d.fifo[d.head:]...)
 		d.head = 0
 	}
+}
+
+// compact makes room in a full window whose head is held (by a pause, a backoff, a slow key): of
+// each run of done entries behind the head it keeps one — the run's last transaction end, which is
+// all the confirmed position needs once the head is done, or else its last entry — standing for
+// the others, and queues the published rows among them for removal at once (a published row may
+// leave the table before the position passes it: the rows left are still every event not yet
+// published). The window then holds the events not done, so held events fill it, not the ones
+// that flowed past them; once Window of them are held, the reading waits.
+func (d *dispatcher) compact() {
+	kept := d.fifo[:d.head]
+	var run []*entry // the current run of done entries
+	closeRun := func() {
+		if len(run) == 0 {
+			return
+		}
+		keep := run[len(run)-1]
+		for _, e := range run {
+			if e.end > 0 {
+				keep = e
+			}
+		}
+		for _, e := range run {
+			if e == keep {
+				continue
+			}
+			keep.extra += 1 + e.extra
+			if e.end == 0 && e.delKey != "" {
+				d.pendingDel = append(d.pendingDel, e.delKey)
+			}
+		}
+		kept = append(kept, keep)
+		run = run[:0]
+	}
+	rest := append([]*entry(nil), d.fifo[d.head:]...)
+	for _, e := range rest {
+		if e.done {
+			run = append(run, e)
+			continue
+		}
+		closeRun()
+		kept = append(kept, e)
+	}
+	closeRun()
+	clear(d.fifo[len(kept):])
+	d.fifo = kept
+	d.doneBehind = 0
 }
 
 // flush removes the published rows and records the confirmable position in one statement, then

@@ -151,6 +151,12 @@ func run(t *testing.T, r *pglog.Relay) (stop func() error) {
 // write commits n events of key in one transaction and returns their ids.
 func write(t *testing.T, pg *testenv.PG, key string, n int) []string {
 	t.Helper()
+	return writeTo(t, pg, "orders", key, n)
+}
+
+// writeTo is write to topic.
+func writeTo(t *testing.T, pg *testenv.PG, topic, key string, n int) []string {
+	t.Helper()
 	ctx := context.Background()
 	tx, err := pg.Pool.Begin(ctx)
 	if err != nil {
@@ -161,7 +167,7 @@ func write(t *testing.T, pg *testenv.PG, key string, n int) []string {
 	msgs := make([]store.OutboxMessage, n)
 	for i := range msgs {
 		ids[i] = uuid.Must(uuid.NewV7()).String()
-		msgs[i] = store.OutboxMessage{UUID: ids[i], Topic: "orders", PartitionKey: key, Payload: []byte(fmt.Sprintf("%s:%d", key, i)), Metadata: []byte("{}")}
+		msgs[i] = store.OutboxMessage{UUID: ids[i], Topic: topic, PartitionKey: key, Payload: []byte(fmt.Sprintf("%s:%d", key, i)), Metadata: []byte("{}")}
 	}
 	if err := pg.Store.UnwrapTx(tx).InsertOutbox(ctx, msgs); err != nil {
 		t.Fatal(err)

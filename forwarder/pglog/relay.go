@@ -123,6 +123,7 @@ type Relay struct {
 	active   atomic.Bool  // reading the slot now
 	slotLost atomic.Bool  // in WAL mode, the slot was found lost and Run stopped
 	parked   atomic.Int64 // keys whose oldest event backs off, as of the last round
+	held     atomic.Int64 // events a pause holds (of a paused topic or behind one of their key; all, the relay paused)
 	hooks    hooks
 
 	mu       sync.Mutex
@@ -262,6 +263,18 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	r.log.Info("Log relay starting", r.fields)
+	// The pauses, read and acknowledged every HeartbeatInterval, and the relay's heartbeat: the
+	// console lists the relay, and its pauses hold the dispatcher (dispatch.go).
+	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
+	hbDone := make(chan struct{})
+	go func() {
+		defer close(hbDone)
+		r.fwd.Heartbeat(hbCtx)
+	}()
+	defer func() {
+		stopHeartbeat()
+		<-hbDone
+	}()
 	failures := 0
 	standby := false
 	for {
