@@ -57,7 +57,9 @@ type Store interface {
 	// OutboxDeadLetters lists dead-lettered outbox rows matching f, oldest first.
 	OutboxDeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error)
 	// ReplayOutboxDeadLetters puts the dead-lettered rows matching f back in line with a fresh attempt budget
-	// and returns them. An empty filter without All selects nothing.
+	// and returns them. An empty filter without All selects nothing. On Postgres the row is written
+	// again (deleted and inserted, same seq, id and content), so that a log relay, which reads the
+	// outbox's INSERTs, publishes it.
 	ReplayOutboxDeadLetters(ctx context.Context, f DeadLetterFilter) ([]DeadLetter, error)
 	// PrunePublished deletes at most limit rows published before cutoff and returns how many.
 	PrunePublished(ctx context.Context, cutoff time.Time, limit int) (int, error)

@@ -95,8 +95,9 @@ type Config struct {
 	FlushInterval time.Duration
 	FlushRows     int
 
-	// Window is the most events read ahead of the oldest unpublished one. A key that backs off holds
-	// the confirmed position, and past Window events behind it, the reading. Default 10000.
+	// Window is the most events (and transaction ends) read ahead of the oldest unpublished one. A
+	// key that backs off, or an event a pause holds, holds the confirmed position; once Window
+	// events are held (those that flowed past them make room), the reading waits. Default 10000.
 	Window int
 
 	// SkipLostEvents lets a relay in ModeWAL whose slot is lost make a new one and go on, without

@@ -379,15 +379,15 @@ func (s *Store) StepOutboxJob(ctx context.Context, l store.JobLease, n int, now 
 		}
 		step.Done = len(seqs) < n
 		if len(seqs) > 0 {
-			apply := `UPDATE {{schema}}.outbox SET dead_lettered_at = NULL, attempts = 0, next_attempt_at = NULL, failure_group = NULL
-WHERE seq IN (?1) AND dead_lettered_at IS NOT NULL AND published_at IS NULL AND archived_at IS NULL`
-			args := []any{s.d.Int64s(seqs)}
+			// A replay is the store's (ReplayOutboxDeadLetters): on Postgres it writes the row
+			// again, so that a log relay reads it.
+			apply, args := s.q.ReplayOutbox, []any{s.d.Int64s(seqs)}
 			if j.Kind == store.JobArchive {
-				apply = `UPDATE {{schema}}.outbox SET archived_at = ?2
-WHERE seq IN (?1) AND dead_lettered_at IS NOT NULL AND published_at IS NULL AND archived_at IS NULL`
+				apply = s.d.Console().render(`UPDATE {{schema}}.outbox SET archived_at = ?2
+WHERE seq IN (?1) AND dead_lettered_at IS NOT NULL AND published_at IS NULL AND archived_at IS NULL`)
 				args = append(args, s.d.Time(now))
 			}
-			applied, err := tx.Exec(ctx, s.d.Console().render(apply), args...)
+			applied, err := tx.Exec(ctx, apply, args...)
 			if err != nil {
 				return err
 			}
