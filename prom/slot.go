@@ -24,6 +24,8 @@ type SlotSource interface {
 //	outboxkit_log_relay_slot_safe_wal_bytes{relay, slot}       WAL left before it is invalidated (absent when unlimited)
 //	outboxkit_log_relay_slot_wal_status{relay, slot, status}   1 for its wal_status (reserved, extended, unreserved, lost)
 //	outboxkit_log_relay_parked_keys{relay, slot}               keys backing off after a failure of their oldest event
+//	outboxkit_log_relay_paused{relay, slot}                    1 while an operator pauses the relay group
+//	outboxkit_log_relay_held_events{relay, slot}               events read and held by a pause (they hold the slot's position)
 //
 // The commit→publish time is the forwarder's outboxkit_forwarder_commit_to_confirm_seconds
 // (NewForwarderMetrics). A slot that cannot be read at a scrape has no series in it.
@@ -41,6 +43,10 @@ var (
 		"WAL that can still be written before the slot is invalidated (max_slot_wal_keep_size), in bytes.", slotLabels, nil)
 	slotParkedDesc = prometheus.NewDesc("outboxkit_log_relay_parked_keys",
 		"Partition keys whose oldest event backs off after a failure, holding their later events.", slotLabels, nil)
+	slotPausedDesc = prometheus.NewDesc("outboxkit_log_relay_paused",
+		"1 while an operator pauses the relay group: it publishes nothing and its slot's lag grows.", slotLabels, nil)
+	slotHeldDesc = prometheus.NewDesc("outboxkit_log_relay_held_events",
+		"Events read and held by a pause (of the relay, of their topic, or of an earlier event of their key), holding the slot's confirmed position.", slotLabels, nil)
 	slotStatusDesc = prometheus.NewDesc("outboxkit_log_relay_slot_wal_status", "1 for the slot's wal_status.",
 		[]string{"relay", "slot", "status"}, nil)
 )
@@ -67,6 +73,8 @@ func (c *slotCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(slotExistsDesc, prometheus.GaugeValue, b(s.Exists), s.Relay, s.Slot)
 		ch <- prometheus.MustNewConstMetric(slotActiveDesc, prometheus.GaugeValue, b(s.Active), s.Relay, s.Slot)
 		ch <- prometheus.MustNewConstMetric(slotParkedDesc, prometheus.GaugeValue, float64(s.ParkedKeys), s.Relay, s.Slot)
+		ch <- prometheus.MustNewConstMetric(slotPausedDesc, prometheus.GaugeValue, b(s.Paused), s.Relay, s.Slot)
+		ch <- prometheus.MustNewConstMetric(slotHeldDesc, prometheus.GaugeValue, float64(s.HeldEvents), s.Relay, s.Slot)
 		if !s.Exists {
 			continue
 		}

@@ -26,15 +26,23 @@ func (f slotSource) SlotStatus(context.Context) (forwarder.SlotStatus, error) { 
 func TestSlotCollector(t *testing.T) {
 	c := prom.NewSlotCollector(
 		slotSource{s: forwarder.SlotStatus{Relay: "orders", Slot: "s1", Exists: true, Active: true, WALStatus: "extended",
-			LagBytes: 4096, RetainedBytes: 8192, SafeWALBytes: 1 << 20, ParkedKeys: 2}},
+			LagBytes: 4096, RetainedBytes: 8192, SafeWALBytes: 1 << 20, ParkedKeys: 2, Paused: true, HeldEvents: 7}},
 		slotSource{s: forwarder.SlotStatus{Relay: "billing", Slot: "s2", SafeWALBytes: -1}},
 		slotSource{err: errors.New("down")},
 	)
 	want := `
+# HELP outboxkit_log_relay_held_events Events read and held by a pause (of the relay, of their topic, or of an earlier event of their key), holding the slot's confirmed position.
+# TYPE outboxkit_log_relay_held_events gauge
+outboxkit_log_relay_held_events{relay="billing",slot="s2"} 0
+outboxkit_log_relay_held_events{relay="orders",slot="s1"} 7
 # HELP outboxkit_log_relay_parked_keys Partition keys whose oldest event backs off after a failure, holding their later events.
 # TYPE outboxkit_log_relay_parked_keys gauge
 outboxkit_log_relay_parked_keys{relay="billing",slot="s2"} 0
 outboxkit_log_relay_parked_keys{relay="orders",slot="s1"} 2
+# HELP outboxkit_log_relay_paused 1 while an operator pauses the relay group: it publishes nothing and its slot's lag grows.
+# TYPE outboxkit_log_relay_paused gauge
+outboxkit_log_relay_paused{relay="billing",slot="s2"} 0
+outboxkit_log_relay_paused{relay="orders",slot="s1"} 1
 # HELP outboxkit_log_relay_slot_active 1 while a relay reads the replication slot.
 # TYPE outboxkit_log_relay_slot_active gauge
 outboxkit_log_relay_slot_active{relay="billing",slot="s2"} 0
@@ -77,7 +85,9 @@ func ExampleNewSlotCollector() {
 		fmt.Println(f.GetName(), len(f.GetMetric()))
 	}
 	// Output:
+	// outboxkit_log_relay_held_events 1
 	// outboxkit_log_relay_parked_keys 1
+	// outboxkit_log_relay_paused 1
 	// outboxkit_log_relay_slot_active 1
 	// outboxkit_log_relay_slot_exists 1
 	// outboxkit_log_relay_slot_lag_bytes 1
