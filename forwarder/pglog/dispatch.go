@@ -137,10 +137,11 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 		case <-wake:
 		case <-pausesChanged:
 		case <-flushTick.C:
-			r.fwd.IdlePass()
 			if err := d.flush(ctx); err != nil {
 				return err
 			}
+			// Alive, and its database answers: the last pass stays current while idle or paused.
+			r.fwd.IdlePass()
 		case <-stop.Done():
 			// Wait for the reader to stop; flush below.
 			for it := range d.s.in {

@@ -14,7 +14,8 @@ import (
 )
 
 // pauseAndWait pauses scope/name and waits until the relay named relay acknowledged it in its
-// heartbeat (as the console shows it): from then on it honours the pause.
+// heartbeat (as the console shows it): from then on it honours the pause. Its last pass stays
+// current, idle or paused.
 func pauseAndWait(t *testing.T, con store.Console, relay, scope, name string) {
 	t.Helper()
 	ctx := context.Background()
@@ -28,7 +29,7 @@ func pauseAndWait(t *testing.T, con store.Console, relay, scope, name string) {
 			t.Fatal(err)
 		}
 		for _, r := range relays {
-			if r.Name == relay && r.PausesSeen.After(at) {
+			if r.Name == relay && r.PausesSeen.After(at) && r.LastPass.After(at) {
 				return true
 			}
 		}
