@@ -18,8 +18,9 @@ func (f *Forwarder) Stats(ctx context.Context) (store.OutboxStats, error) {
 
 // ReplayOutboxDeadLetters puts the dead-lettered rows matching filter back in line with a fresh attempt
 // budget and returns them. They keep their UUIDs, so a consumer that already processed one (before
-// a lost mark, say) absorbs the replay in its inbox; they keep their place in their key's order.
-// An empty filter replays nothing unless All is set.
+// a lost mark, say) absorbs the replay in its inbox; they keep their place in their key's order
+// (for this relay: the log relay of package forwarder/pglog reads a replay as written when it
+// commits, and publishes it then). An empty filter replays nothing unless All is set.
 func (f *Forwarder) ReplayOutboxDeadLetters(ctx context.Context, filter store.DeadLetterFilter) ([]store.DeadLetter, error) {
 	letters, err := f.cfg.Store.ReplayOutboxDeadLetters(ctx, filter)
 	if err == nil {
