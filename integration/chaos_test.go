@@ -76,3 +76,23 @@ func TestChaos_WithoutTheInboxTheCheckerFails(t *testing.T) {
 		t.Fatal("without the inbox no effect was doubled: the soak cannot tell an inbox from none")
 	}
 }
+
+// The soak's short run with the log relay (forwarder/pglog) in place of the polling one, on the
+// private logical cluster: two relay processes share one slot (one reads, one stands by), each
+// killed at random and each exiting after publishing every 100 messages before confirming them;
+// the checker holds as is, with no outbox row left behind.
+func TestChaos_LogRelayHoldsEveryInvariant(t *testing.T) {
+	out, code := runChaos(t, "--relay", "log", "--db", testenv.PGLogicalURL(t),
+		"--duration", "30s", "--drain", "90s", "--rate", "15", "--crash-after-publish", "5")
+	t.Log("\n" + out)
+	if code != 0 || !regexp.MustCompile(`(?m)^RESULT: every invariant held$`).MatchString(out) {
+		t.Fatalf("the soak with the log relay failed (exit %d)", code)
+	}
+	m := regexp.MustCompile(`(?m)^forwarder pass dies after publish.*?\s{2,}(\d+)\s`).FindStringSubmatch(out)
+	if m == nil {
+		t.Fatal("no line for the relay's exits after publish in the failure matrix")
+	}
+	if n, _ := strconv.Atoi(m[1]); n == 0 {
+		t.Fatal("no log relay exited after publishing: the soak never made the standby take over mid-stream")
+	}
+}

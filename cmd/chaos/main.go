@@ -37,6 +37,8 @@ type options struct {
 	duration, drain     time.Duration
 	rate                float64
 	relays              int
+	relay, relayMode    string
+	unacked, replicas   int
 	faultEvery          time.Duration
 	retryPercent        int
 	cancelPercent       int
@@ -63,11 +65,21 @@ func main() {
 	flag.DurationVar(&o.drain, "drain", 3*time.Minute, "how long the system may take to settle once the faults stop")
 	flag.Float64Var(&o.rate, "rate", 20, "orders offered per second")
 	flag.IntVar(&o.relays, "relays", 2, "forwarder processes")
+	flag.StringVar(&o.relay, "relay", "poll", "the relay the forwarder processes run: poll (the polling forwarder) or log (forwarder/pglog, "+
+		"reading a logical replication slot: --store postgres on a server with wal_level = logical; default --db $OUTBOXKIT_TEST_PGLOGICAL_URL, "+
+		"see scripts/pg-logical.sh). One log relay reads the slot, the others stand by")
+	flag.StringVar(&o.relayMode, "relay-mode", "table", "with --relay log: table (events are outbox rows, removed once published) or wal "+
+		"(logical decoding messages, no row)")
+	flag.IntVar(&o.replicas, "replicas", 2, "processes per consumer, in its group, as a service that must not stop when one of its processes "+
+		"dies would run (Kafka: the soak's broker gives the topic 4 partitions to share); with 1, Billing, made to exit every "+
+		"--crash-after-charge charges, is down for each restart and falls behind the orders")
+	flag.IntVar(&o.unacked, "unacked", 1, "messages each consumer process handles at once (the demo's --unacked)")
 	flag.DurationVar(&o.faultEvery, "fault-every", 2*time.Second, "mean time between injected faults")
 	flag.IntVar(&o.retryPercent, "retry-percent", 10, "share of POSTs sent again with the same Idempotency-Key (half at once, half after the answer)")
 	flag.IntVar(&o.cancelPercent, "cancel-percent", 10, "share of orders cancelled once placed (their OrderCancelled must follow their OrderPlaced)")
 	flag.IntVar(&o.poisonPercent, "poison-percent", 2, "share of orders whose event no consumer can decode (each consumer must dead-letter it)")
-	flag.IntVar(&o.crashAfterPublish, "crash-after-publish", 25, "every Nth relay pass dies after publishing, before marking (0: never)")
+	flag.IntVar(&o.crashAfterPublish, "crash-after-publish", 25, "every Nth relay pass dies after publishing, before marking (0: never); "+
+		"with --relay log, which has no passes, a relay process exits after publishing N×20 messages, before confirming them")
 	flag.IntVar(&o.crashAfterCharge, "crash-after-charge", 40, "Billing's process exits after every Nth charge, before its invoice commits (0: never; "+
 		"on Kafka too: its consumers are static members of their groups, so a restart costs no rebalance)")
 	flag.BoolVar(&o.brokerRestart, "broker-restart", false, "amqp: also stop and start the RabbitMQ application (every client of the shared broker sees it)")
@@ -113,6 +125,9 @@ func (o *options) validate() error {
 	if o.relays < 1 {
 		errs = append(errs, "--relays must be at least 1")
 	}
+	if o.unacked < 1 || o.replicas < 1 {
+		errs = append(errs, "--unacked and --replicas must be at least 1")
+	}
 	for _, p := range []int{o.retryPercent, o.cancelPercent, o.poisonPercent} {
 		if p < 0 || p > 100 {
 			errs = append(errs, "the --*-percent flags take 0..100")
@@ -121,6 +136,27 @@ func (o *options) validate() error {
 	}
 	if o.crashAfterPublish < 0 || o.crashAfterCharge < 0 {
 		errs = append(errs, "--crash-after-publish and --crash-after-charge take N ≥ 0")
+	}
+	switch o.relay {
+	case "poll":
+		if o.relayMode != "table" {
+			errs = append(errs, "--relay-mode goes with --relay log")
+		}
+	case "log":
+		if o.store != "postgres" {
+			errs = append(errs, fmt.Sprintf("--relay log reads Postgres's write-ahead log: it goes with --store postgres, not %s (--relay poll works on every store)", o.store))
+		}
+		if o.relayMode != "table" && o.relayMode != "wal" {
+			errs = append(errs, fmt.Sprintf("--relay-mode %q: use table or wal", o.relayMode))
+		}
+		if o.dbURL == "" && o.store == "postgres" {
+			if o.dbURL = os.Getenv("OUTBOXKIT_TEST_PGLOGICAL_URL"); o.dbURL == "" {
+				errs = append(errs, "--relay log needs a Postgres server with wal_level = logical: start the private one with "+
+					"`scripts/pg-logical.sh start` and pass --db \"$(scripts/pg-logical.sh url)\" (or set OUTBOXKIT_TEST_PGLOGICAL_URL)")
+			}
+		}
+	default:
+		errs = append(errs, fmt.Sprintf("--relay %q: use poll or log", o.relay))
 	}
 	if o.brokerRestart && o.broker != "amqp" {
 		errs = append(errs, "--broker-restart restarts RabbitMQ: it goes with --broker amqp")

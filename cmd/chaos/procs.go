@@ -14,13 +14,18 @@ import (
 	"time"
 )
 
+// logTime stamps each line of a process's log, so that its restarts and faults can be laid beside
+// the effects' times.
+const logTime = "15:04:05.000"
+
 // proc is one of the soak's processes, restarted whenever it exits until stopped: by a SIGKILL
 // of the soak's, or of its own accord (Billing's --crash-after-charge exits with status 3).
 type proc struct {
-	name string
-	bin  string
-	args []string
-	log  *os.File
+	name     string
+	consumer string // the consumer a consumer process runs
+	bin      string
+	args     []string
+	log      *os.File
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -99,7 +104,7 @@ func (p *proc) spawn() error {
 		return err
 	}
 	cmd.Stderr = cmd.Stdout
-	fmt.Fprintf(p.log, "chaos: start %s %s\n", p.name, strings.Join(p.args, " "))
+	fmt.Fprintf(p.log, "%s chaos: start %s %s\n", time.Now().Format(logTime), p.name, strings.Join(p.args, " "))
 	if err := cmd.Start(); err != nil {
 		return err
 	}
@@ -109,7 +114,7 @@ func (p *proc) spawn() error {
 	go func() {
 		p.scan(out)
 		err := cmd.Wait()
-		fmt.Fprintf(p.log, "chaos: %s exited: %v\n", p.name, err)
+		fmt.Fprintf(p.log, "%s chaos: %s exited: %v\n", time.Now().Format(logTime), p.name, err)
 		close(exited)
 	}()
 	return nil
@@ -121,7 +126,7 @@ func (p *proc) scan(r io.Reader) {
 	sc.Buffer(make([]byte, 64*1024), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		fmt.Fprintln(p.log, line)
+		fmt.Fprintln(p.log, time.Now().Format(logTime), line)
 		if strings.Contains(line, "demo: fault:") || strings.Contains(line, "crashing after charging") {
 			p.faultLines.Add(1)
 		}

@@ -39,8 +39,12 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 		return false, err
 	}
 	defer e.tearDown()
+	broker := o.broker
+	if o.relay == "log" {
+		broker += ", log relay (" + o.relayMode + " mode)"
+	}
 	fmt.Printf("chaos: store %s, broker %s, %s of orders at %g/s, faults every %s on average, seed %d, run %s, logs in %s\n",
-		o.store, o.broker, o.duration, o.rate, o.faultEvery, seed, e.run, e.dir)
+		o.store, broker, o.duration, o.rate, o.faultEvery, seed, e.run, e.dir)
 
 	port, err := freePort()
 	if err != nil {
@@ -48,8 +52,12 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 	}
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
 	common := func(role string) []string {
-		return []string{"--db", e.dbURL(role), "--broker", e.brokerURL, "--schema", e.run,
+		args := []string{"--db", e.dbURL(role), "--broker", e.brokerURL, "--schema", e.run,
 			"--status-every", "0", "--serve", "--orders", "0"}
+		if o.relay == "log" { // every process: in WAL mode the order service's writers emit into the log
+			args = append(args, "--relay", "log", "--relay-mode", o.relayMode)
+		}
+		return args
 	}
 	var procs []*proc
 	newP := func(name string, args ...string) *proc {
@@ -65,26 +73,40 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 	var relays, consumerProcs []*proc
 	for i := 1; i <= o.relays; i++ {
 		args := append(common(fmt.Sprintf("relay%d", i)), "--role", "relay", "--relay-name", fmt.Sprintf("relay-%d", i), "--addr", "127.0.0.1:0")
-		if o.crashAfterPublish > 0 {
+		switch {
+		case o.crashAfterPublish > 0 && o.relay == "log":
+			args = append(args, "--crash-after-publish", strconv.Itoa(20*o.crashAfterPublish))
+		case o.crashAfterPublish > 0:
 			args = append(args, "--crash-after-publish", strconv.Itoa(o.crashAfterPublish))
 		}
 		relays = append(relays, newP(fmt.Sprintf("relay-%d", i), args...))
 	}
 	for _, c := range consumers {
-		args := append(common(c), "--role", "consumers", "--consumers", c, "--addr", "127.0.0.1:0",
-			"--gateway", base+"/gateway/charges")
-		if o.broker == "kafka" {
-			// A static member: a consumer killed and restarted gets its partitions back without
-			// stopping its group.
-			args = append(args, "--kafka-instance-id", c)
+		for i := 1; i <= o.replicas; i++ {
+			name := c // one process per consumer keeps the consumer's name
+			if o.replicas > 1 {
+				name = fmt.Sprintf("%s-%d", c, i)
+			}
+			args := append(common(name), "--role", "consumers", "--consumers", c, "--addr", "127.0.0.1:0",
+				"--gateway", base+"/gateway/charges")
+			if o.unacked > 1 {
+				args = append(args, "--unacked", strconv.Itoa(o.unacked))
+			}
+			if o.broker == "kafka" {
+				// A static member: a consumer killed and restarted gets its partitions back without
+				// stopping its group.
+				args = append(args, "--kafka-instance-id", name)
+			}
+			if c == "billing" && o.crashAfterCharge > 0 {
+				args = append(args, "--crash-after-charge-every", strconv.Itoa(o.crashAfterCharge))
+			}
+			if o.noInbox {
+				args = append(args, "--no-inbox")
+			}
+			p := newP(name, args...)
+			p.consumer = c
+			consumerProcs = append(consumerProcs, p)
 		}
-		if c == "billing" && o.crashAfterCharge > 0 {
-			args = append(args, "--crash-after-charge-every", strconv.Itoa(o.crashAfterCharge))
-		}
-		if o.noInbox {
-			args = append(args, "--no-inbox")
-		}
-		consumerProcs = append(consumerProcs, newP(c, args...))
 	}
 	if err != nil {
 		return false, err
@@ -114,6 +136,12 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 		return false, err
 	}
 	defer admin.Close()
+	if o.relay == "log" {
+		// In WAL mode the writers refuse until a log relay has made its slot: the load waits for it.
+		if err := e.waitSlot(ctx, admin.SQL, 90*time.Second); err != nil {
+			return false, fmt.Errorf("the log relay: %w (see %s)", err, relays[0].log.Name())
+		}
+	}
 	biz := newTables(admin, e.run)
 	gatewayDB := admin
 	if o.store == "sqlite" { // a file of its own
@@ -172,7 +200,7 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 		p.stop(10 * time.Second)
 	}
 
-	v, err := check(context.WithoutCancel(ctx), biz, gateway, l)
+	v, err := check(context.WithoutCancel(ctx), biz, gateway, l, o.relay == "log")
 	if err != nil {
 		return false, fmt.Errorf("the checker: %w", err)
 	}
@@ -249,10 +277,10 @@ func report(o options, in *injector, procs, relays, consumerProcs []*proc, l *le
 		}
 		return n
 	}
-	var billing *proc
+	var charges int64 // Billing's exits after a charge, over its processes
 	for _, p := range consumerProcs {
-		if p.name == "billing" {
-			billing = p
+		if p.consumer == "billing" {
+			charges += p.faultLines.Load()
 		}
 	}
 	rows := [][2]string{}
@@ -271,12 +299,16 @@ func report(o options, in *injector, procs, relays, consumerProcs []*proc, l *le
 	}
 	rows = append(rows,
 		[2]string{faultPublishNoMark, strconv.FormatInt(sum(relays), 10)},
-		[2]string{faultChargeNoCommit, strconv.FormatInt(billing.faultLines.Load(), 10)},
+		[2]string{faultChargeNoCommit, strconv.FormatInt(charges, 10)},
 		[2]string{faultPoison, strconv.Itoa(v.poisoned)},
 		[2]string{faultRepeat, strconv.FormatInt(l.repeats.Load(), 10)},
 		[2]string{faultRetry, strconv.FormatInt(l.retries.Load(), 10)},
 	)
-	fmt.Printf("\nfailure matrix — %s + %s, %s at %g orders/s\n", o.store, o.broker, o.duration, o.rate)
+	broker := o.broker
+	if o.relay == "log" {
+		broker += ", log relay (" + o.relayMode + " mode)"
+	}
+	fmt.Printf("\nfailure matrix — %s + %s, %s at %g orders/s\n", o.store, broker, o.duration, o.rate)
 	fmt.Printf("%-50s %-24s %s\n", "fault", "times injected", "invariants held")
 	for _, r := range rows {
 		fmt.Printf("%-50s %-24s %s\n", r[0], r[1], held)
@@ -298,6 +330,13 @@ func report(o options, in *injector, procs, relays, consumerProcs []*proc, l *le
 	fmt.Printf("commit→effect (OrderPlaced, every consumer): p50 %s, p99 %s, slowest %s\n",
 		percentile(v.latency, 0.5).Round(time.Millisecond), percentile(v.latency, 0.99).Round(time.Millisecond),
 		percentile(v.latency, 1).Round(time.Millisecond))
+	var each []string
+	for _, c := range consumers {
+		l := v.latencyOf[c]
+		each = append(each, fmt.Sprintf("%s p50 %s, p99 %s, slowest %s", c, percentile(l, 0.5).Round(time.Millisecond),
+			percentile(l, 0.99).Round(time.Millisecond), percentile(l, 1).Round(time.Millisecond)))
+	}
+	fmt.Printf("commit→effect per consumer: %s\n", strings.Join(each, "; "))
 	for _, e := range in.errors {
 		fmt.Printf("a fault could not be injected: %s\n", e)
 	}

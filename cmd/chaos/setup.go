@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -62,6 +63,9 @@ func setUp(ctx context.Context, o options) (*env, error) {
 		if err := build(ctx, o.repo, e.demo, "./cmd/demo"); err != nil {
 			return nil, err
 		}
+	}
+	if o.relay == "log" {
+		e.cleanups = append(e.cleanups, e.dropSlots) // runs after the schema's drop: cleanups run last first
 	}
 	if err := e.setUpStore(ctx); err != nil {
 		e.tearDown()
@@ -252,7 +256,8 @@ func (e *env) startKafka(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	e.kfake = exec.Command(bin, "-addr", e.proxy.Addr(), "-listen", listen)
+	// Partitions enough for every process of a consumer to have its own.
+	e.kfake = exec.Command(bin, "-addr", e.proxy.Addr(), "-listen", listen, "-partitions", strconv.Itoa(max(4, e.o.replicas)))
 	e.kfake.Stdout, e.kfake.Stderr = log, log
 	if err := e.kfake.Start(); err != nil {
 		return err
@@ -318,4 +323,75 @@ func (e *env) terminateSessions(ctx context.Context, db *sql.DB) (int, error) {
 		return n, nil
 	}
 	return 0, errors.New("SQLite has no sessions to terminate")
+}
+
+// slotPattern matches the replication slots and publications of the soak's log relays
+// (outboxkit_<schema>_<group>).
+func (e *env) slotPattern() string { return "outboxkit_" + e.run + "_%" }
+
+// waitSlot waits until a log relay has made its replication slot: in WAL mode the writers refuse
+// before that.
+func (e *env) waitSlot(ctx context.Context, db *sql.DB, within time.Duration) error {
+	deadline := time.Now().Add(within)
+	for {
+		var n int
+		err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1`, e.slotPattern()).Scan(&n)
+		if err == nil && n > 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("no replication slot %s within %s (last error: %v)", e.slotPattern(), within, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// dropSlots drops the soak's replication slots and publications once its relays are gone, even
+// with --keep: a slot nobody reads keeps the server's WAL.
+func (e *env) dropSlots() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	db, err := e.adminDB(ctx)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "chaos: drop the log relay's slot %s by hand: %v\n", e.slotPattern(), err)
+		return
+	}
+	defer db.Close()
+	for {
+		// A killed relay's walsender may hold its slot a moment longer.
+		_, err := db.SQL.ExecContext(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots
+			WHERE slot_name LIKE $1 AND NOT active`, e.slotPattern())
+		var left int
+		if err == nil {
+			err = db.SQL.QueryRowContext(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1`, e.slotPattern()).Scan(&left)
+		}
+		if err == nil && left == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			fmt.Fprintf(os.Stderr, "chaos: drop the log relay's slot %s by hand (SELECT pg_drop_replication_slot(…)): %v, %d left\n",
+				e.slotPattern(), err, left)
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	rows, err := db.SQL.QueryContext(ctx, `SELECT pubname FROM pg_publication WHERE pubname LIKE $1`, e.slotPattern())
+	if err != nil {
+		return
+	}
+	var pubs []string
+	for rows.Next() {
+		var p string
+		if rows.Scan(&p) == nil {
+			pubs = append(pubs, p)
+		}
+	}
+	rows.Close()
+	for _, p := range pubs {
+		_, _ = db.SQL.ExecContext(ctx, `DROP PUBLICATION IF EXISTS "`+p+`"`)
+	}
 }

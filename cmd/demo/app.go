@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"net"
@@ -13,6 +14,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/components/metrics"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -20,17 +22,38 @@ import (
 	"github.com/outboxkit/outboxkit/backends"
 	_ "github.com/outboxkit/outboxkit/backends/allbackends" // every broker URL
 	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/forwarder/pglog"
 	"github.com/outboxkit/outboxkit/idempotency"
 	"github.com/outboxkit/outboxkit/internal/faults"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/prom"
 	"github.com/outboxkit/outboxkit/store"
 	_ "github.com/outboxkit/outboxkit/store/allstores" // every database URL
+	"github.com/outboxkit/outboxkit/store/pgsqlstore"
 )
 
-// relayControl runs the forwarder and lets /admin/relay stop and start it.
+// openStore opens --db. With --relay-mode wal its writers emit each event into the write-ahead log
+// instead of an outbox row (pgsqlstore.Config.WAL), for the log relay in WAL mode; store.Open has
+// no option for it, so the store is built here as store.Open builds it.
+func openStore(ctx context.Context, o options) (*store.DB, error) {
+	if o.relayMode != string(pglog.ModeWAL) {
+		return store.Open(ctx, o.dbURL, store.OpenOptions{Schema: o.schema})
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	sqlDB, err := sql.Open("pgx", o.dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("database URL %s: %w", redact(o.dbURL), err)
+	}
+	sqlDB.SetMaxOpenConns(store.DefaultMaxConns)
+	s, err := pgsqlstore.New(sqlDB, pgsqlstore.Config{Schema: o.schema, ListenURL: o.dbURL, WAL: true})
+	return store.Finish(ctx, sqlDB, s, err, "postgres", o.dbURL, nil)
+}
+
+// relayControl runs the relay (the forwarder's Run, or the log relay's) and lets /admin/relay
+// stop and start it.
 type relayControl struct {
-	relay  *forwarder.Forwarder
+	run    func(context.Context) error
 	mu     sync.Mutex
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -46,7 +69,7 @@ func (c *relayControl) start(ctx context.Context) {
 	c.cancel, c.done = cancel, make(chan struct{})
 	go func(done chan struct{}) {
 		defer close(done)
-		_ = c.relay.Run(runCtx)
+		_ = c.run(runCtx)
 	}(c.done)
 }
 
@@ -71,7 +94,7 @@ func (c *relayControl) running() bool {
 }
 
 func run(ctx context.Context, o options) error {
-	db, err := store.Open(ctx, o.dbURL, store.OpenOptions{Schema: o.schema})
+	db, err := openStore(ctx, o)
 	if err != nil {
 		return fmt.Errorf("%w (pass --db; the default, %s, needs no server)", err, defaultDB)
 	}
@@ -104,8 +127,12 @@ func run(ctx context.Context, o options) error {
 	for i, c := range consumerNames {
 		groups[i] = c.name
 	}
+	unacked := 0 // the broker's default, one at a time (and no option where the broker has none)
+	if o.unacked > 1 {
+		unacked = o.unacked
+	}
 	broker, err := backends.Open(ctx, o.brokerURL, backends.Options{Logger: logger, Consumers: map[string][]string{topic: groups},
-		KafkaInstanceID: o.kafkaInstanceID})
+		KafkaInstanceID: o.kafkaInstanceID, Unacked: unacked})
 	if err != nil {
 		return fmt.Errorf("cannot open the broker at %s: %w (pass --broker)", redact(o.brokerURL), err)
 	}
@@ -114,17 +141,37 @@ func run(ctx context.Context, o options) error {
 		biz.lag = func(ctx context.Context, group string) (backends.Lag, error) { return broker.Lag(ctx, topic, group) }
 		reg.MustRegister(prom.NewLagCollector(broker, topic, groups...))
 	}
-	var relay *forwarder.Forwarder
+	var runRelay func(context.Context) error
+	var reading <-chan struct{} // the log relay's: closed once it reads its slot
 	if o.runs(roleRelay) {
 		pub := &faultyPublisher{Publisher: broker.Publisher, failEvery: o.failPublishEvery, crashEvery: o.crashAfterPublish}
-		relay, err = forwarder.New(forwarder.Config{
-			Store: db, Name: o.relayName, Publisher: pub, Metrics: prom.NewForwarderMetrics(reg), Logger: logger,
+		name := o.relayName
+		if o.relay == relayLog {
+			name = o.relayGroup // it names the slot the group's relays share
+			pub.crashEvery, pub.exitAfter = 0, o.crashAfterPublish
+		}
+		relay, err := forwarder.New(forwarder.Config{
+			Store: db, Name: name, Publisher: pub, Metrics: prom.NewForwarderMetrics(reg), Logger: logger,
 			Backoff: forwarder.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2},
 		})
 		if err != nil {
 			return err
 		}
-		if o.crashAfterPublish > 0 {
+		runRelay = relay.Run
+		switch {
+		case o.relay == relayLog:
+			pool, err := pgxpool.New(ctx, o.dbURL)
+			if err != nil {
+				return fmt.Errorf("the log relay's connections: %w", err)
+			}
+			defer pool.Close()
+			lr, err := pglog.New(pglog.Config{Forwarder: relay, Pool: pool, Mode: pglog.Mode(o.relayMode)})
+			if err != nil {
+				return err
+			}
+			reg.MustRegister(prom.NewSlotCollector(lr))
+			runRelay, reading = lr.Run, lr.Reading()
+		case o.crashAfterPublish > 0:
 			faults.Inject(relay, faults.AfterPublish, pub.afterPublish)
 		}
 	}
@@ -174,8 +221,8 @@ func run(ctx context.Context, o options) error {
 		}
 	}
 	var control *relayControl
-	if relay != nil {
-		control = &relayControl{relay: relay}
+	if runRelay != nil {
+		control = &relayControl{run: runRelay}
 		control.start(context.Background())
 		defer control.stop()
 	}
@@ -238,6 +285,17 @@ func run(ctx context.Context, o options) error {
 	stopStatus := startStatusLine(ctx, biz, o)
 	defer stopStatus()
 
+	if o.orders > 0 && reading != nil {
+		// In WAL mode the writers refuse until the relay has made its slot; in table mode the
+		// status lines would show the events waiting for it.
+		select {
+		case <-reading:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(60 * time.Second):
+			return errors.New("the log relay did not read its replication slot within 60s: is wal_level = logical? see its log above (--verbose)")
+		}
+	}
 	if o.orders > 0 {
 		before, err := takeSnapshot(ctx, biz)
 		if err != nil {

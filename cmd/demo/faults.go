@@ -15,15 +15,29 @@ type faultyPublisher struct {
 	message.Publisher
 	failEvery  int64 // --fail-publish-every: every Nth publish is refused (a message failure)
 	crashEvery int64 // --crash-after-publish: every Nth pass that publishes dies before marking
-	calls      atomic.Int64
-	passes     atomic.Int64
+	// exitAfter is --crash-after-publish with --relay log, which has no passes: the process exits
+	// right after the Nth message it published, before the relay confirms it.
+	exitAfter int64
+	published atomic.Int64
+	calls     atomic.Int64
+	passes    atomic.Int64
 }
 
 func (p *faultyPublisher) Publish(topic string, msgs ...*message.Message) error {
 	if p.failEvery > 0 && p.calls.Add(1)%p.failEvery == 0 {
 		return fmt.Errorf("refused by --fail-publish-every %d", p.failEvery)
 	}
-	return p.Publisher.Publish(topic, msgs...)
+	if err := p.Publisher.Publish(topic, msgs...); err != nil {
+		return err
+	}
+	if p.exitAfter > 0 {
+		if n := p.published.Add(int64(len(msgs))); n >= p.exitAfter {
+			fmt.Fprintf(os.Stderr, "demo: fault: log relay exits after publishing %d messages, before confirming them (--crash-after-publish %d)\n",
+				n, p.exitAfter)
+			os.Exit(3)
+		}
+	}
+	return nil
 }
 
 // Check is the broker publisher's own, so that the relay watches the broker through this wrapper

@@ -22,6 +22,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/outboxkit/outboxkit/forwarder/pglog"
 )
 
 type options struct {
@@ -33,10 +35,16 @@ type options struct {
 	role      string
 	only      []string // consumers to run; all when empty
 	relayName string
+	// relay is the kind of relay a relay process runs: poll (forwarder.Run, every store) or log
+	// (forwarder/pglog, Postgres with wal_level = logical), in relayMode table or wal.
+	relay, relayMode, relayGroup string
 	// kafkaInstanceID makes this process's Kafka subscriptions static members of their groups
 	// (backends.Options.KafkaInstanceID), so that its restart does not rebalance them.
 	kafkaInstanceID string
-	gatewayURL      string // the payment gateway Billing charges; default this process's own
+	// unacked is how many messages each consumer's subscription hands out before the first is
+	// acknowledged (backends.Options.Unacked): the router runs that many handlers at once.
+	unacked    int
+	gatewayURL string // the payment gateway Billing charges; default this process's own
 
 	orders        int
 	rate          float64
@@ -97,8 +105,17 @@ func main() {
 		"orders (the HTTP service and the payment gateway), relay (a forwarder: run several) or consumers")
 	consumers := flag.String("consumers", "", "with --role consumers: the consumers to run, comma-separated (default: shipping,billing,search)")
 	flag.StringVar(&o.relayName, "relay-name", "demo", "the forwarder's name in metrics and logs (give each relay process its own)")
+	flag.StringVar(&o.relay, "relay", relayPoll, "the relay: poll (the polling forwarder, every store) or log (forwarder/pglog: reads the outbox from "+
+		"a logical replication slot; Postgres with wal_level = logical, a REPLICATION role, no pooler)")
+	flag.StringVar(&o.relayMode, "relay-mode", string(pglog.ModeTable), "with --relay log, how writers hand it their events: table (outbox rows, "+
+		"which it removes once published) or wal (logical decoding messages, no row; Postgres 14+). Give every process of the demo the same mode")
+	flag.StringVar(&o.relayGroup, "relay-group", "demo", "with --relay log, the relay group: it names the replication slot, which one relay "+
+		"process of the group reads at a time while the others stand by")
 	flag.StringVar(&o.kafkaInstanceID, "kafka-instance-id", "", "kafka: this process's static member name in its consumer groups, stable across "+
 		"its restarts and unique among the group's processes (\"billing-0\"): a restart within the session timeout does not rebalance the group")
+	flag.IntVar(&o.unacked, "unacked", 1, "how many messages each consumer handles at once (its subscription hands out that many before the first is "+
+		"acknowledged): more than 1 overlaps their waits — Billing's call to the payment gateway, each commit — and the order guard keeps each "+
+		"order's events in order")
 	flag.StringVar(&o.gatewayURL, "gateway", "", "the payment gateway Billing charges (default: this process's own /gateway/charges; "+
 		"with --role consumers, the orders process's)")
 	flag.IntVar(&o.orders, "orders", 200, "sample orders to place (0: none, with --serve)")
@@ -111,7 +128,8 @@ func main() {
 	flag.BoolVar(&o.verbose, "verbose", false, "log the library's debug lines")
 	flag.Int64Var(&o.failPublishEvery, "fail-publish-every", 0, "refuse every Nth publish: the forwarder backs off and retries it")
 	flag.Int64Var(&o.crashAfterPublish, "crash-after-publish", 0, "make every Nth relay pass die after publishing, before marking: "+
-		"the rows are published again and every inbox absorbs the duplicates")
+		"the rows are published again and every inbox absorbs the duplicates; with --relay log, which has no passes, the process exits "+
+		"after publishing its Nth message, before the relay confirms it: the group's standby takes the slot over and publishes it again")
 	flag.Int64Var(&o.poisonEvery, "poison-every", 0, "give every Nth order's event a payload no consumer can decode: each consumer dead-letters it")
 	flag.StringVar(&o.poisonCustomer, "poison-customer", "", "give the events of this customer's orders a payload no consumer can decode: each consumer dead-letters them")
 	flag.Int64Var(&o.consumerCrash, "consumer-crash-every", 0, "make Billing fail before commit on every Nth message: it is rolled back and redelivered")
@@ -182,6 +200,25 @@ func (o options) validate() error {
 		errs = append(errs, "--crash-after-charge-every exits the process, and the memory broker's messages die with it: "+
 			"pass a durable --broker (amqp://, kafka://, nats://, redis://, postgres://)")
 	}
+	switch o.relay {
+	case relayPoll:
+		if o.relayMode != string(pglog.ModeTable) {
+			errs = append(errs, "--relay-mode goes with --relay log (the polling relay reads outbox rows)")
+		}
+	case relayLog:
+		if !strings.HasPrefix(o.dbURL, "postgres://") && !strings.HasPrefix(o.dbURL, "postgresql://") {
+			errs = append(errs, "--relay log reads Postgres's write-ahead log: pass a postgres:// --db whose server runs wal_level = logical "+
+				"(or use --relay poll, which works on every database)")
+		}
+		if o.relayMode != string(pglog.ModeTable) && o.relayMode != string(pglog.ModeWAL) {
+			errs = append(errs, fmt.Sprintf("--relay-mode %q: use table or wal", o.relayMode))
+		}
+	default:
+		errs = append(errs, fmt.Sprintf("--relay %q: use poll or log", o.relay))
+	}
+	if o.unacked < 1 {
+		errs = append(errs, fmt.Sprintf("--unacked %d: a consumer handles at least 1 message at a time", o.unacked))
+	}
 	if o.failPublishEvery < 0 || o.crashAfterPublish < 0 || o.poisonEvery < 0 || o.consumerCrash < 0 || o.crashAfterCharge < 0 {
 		errs = append(errs, "fault switches take a positive N (every Nth), or 0 for off")
 	}
@@ -197,6 +234,11 @@ func env(key, def string) string {
 	}
 	return def
 }
+
+const (
+	relayPoll = "poll"
+	relayLog  = "log"
+)
 
 const (
 	roleAll       = "all"
