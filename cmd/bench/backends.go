@@ -81,7 +81,7 @@ func drainBackend(ctx context.Context, c config, pool *pgxpool.Pool, url string,
 	}
 	defer drop()
 	topic := schema + ".placed"
-	if err := preloadOutboxkit(ctx, pool, schema, topic, c); err != nil {
+	if err := preloadOutboxkit(ctx, pool, schema, topic, c, quietRows); err != nil {
 		return 0, err
 	}
 	b, err := backends.Open(ctx, url, backends.Options{})

@@ -250,7 +250,7 @@ func drainOutboxkit(ctx context.Context, c config, pool *pgxpool.Pool, rep int) 
 	}
 	defer drop()
 	topic := "bench.outboxkit." + schema
-	if err := preloadOutboxkit(ctx, pool, schema, topic, c); err != nil {
+	if err := preloadOutboxkit(ctx, pool, schema, topic, c, quietRows); err != nil {
 		return 0, err
 	}
 	cnt, err := newCounter(c.brokerURL, topic, c.events)
@@ -289,14 +289,17 @@ func drainOutboxkit(ctx context.Context, c config, pool *pgxpool.Pool, rep int) 
 	return rate(c.events, elapsed), nil
 }
 
-func preloadOutboxkit(ctx context.Context, pool *pgxpool.Pool, schema, topic string, c config) error {
-	quiet := storeIn(pool, schema, pgxstore.Config{DisableNotify: true})
+// preloadOutboxkit writes c.events events into the outbox in schema, in transactions of 1,000,
+// through a store of cfg (its schema is set here): rows, or with cfg.WAL logical decoding
+// messages. Writers wake nobody unless cfg asks them to.
+func preloadOutboxkit(ctx context.Context, pool *pgxpool.Pool, schema, topic string, c config, cfg pgxstore.Config) error {
+	st := storeIn(pool, schema, cfg)
 	for start := 0; start < c.events; start += 1000 {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			return err
 		}
-		pub, err := pipeline.NewPublisher(quiet, tx, pipeline.PublisherConfig{})
+		pub, err := pipeline.NewPublisher(st, tx, pipeline.PublisherConfig{})
 		if err != nil {
 			return err
 		}
@@ -315,6 +318,9 @@ func preloadOutboxkit(ctx context.Context, pool *pgxpool.Pool, schema, topic str
 	}
 	return nil
 }
+
+// quietRows is the preload's store config for the polling relay: rows, no NOTIFY.
+var quietRows = pgxstore.Config{DisableNotify: true}
 
 // stockSQL is where stock Watermill keeps its topic: watermill-sql's schema and offsets adapters
 // for a database, and how to drop a topic's tables.

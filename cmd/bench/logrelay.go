@@ -20,7 +20,6 @@ import (
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/forwarder/pglog"
 	"github.com/outboxkit/outboxkit/internal/walmsg"
-	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
@@ -163,24 +162,12 @@ func logDrain(ctx context.Context, c config, pool *pgxpool.Pool, rep int, mode s
 	}
 	var relay *pglog.Relay
 	if mode != "poll" {
-		pm := pglog.ModeTable
-		if mode == "wal" {
-			pm = pglog.ModeWAL
-		}
-		relay, err = pglog.New(pglog.Config{Forwarder: fwd, Pool: pool, Mode: pm})
+		var dropSlot func()
+		relay, dropSlot, err = newLogRelay(pool, fwd, mode)
 		if err != nil {
 			return f, err
 		}
-		defer func() {
-			for range 50 {
-				if _, err := pool.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", relay.SlotName()); err == nil ||
-					!strings.Contains(err.Error(), "active") {
-					break
-				}
-				time.Sleep(100 * time.Millisecond)
-			}
-			_, _ = pool.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+relay.SlotName())
-		}()
+		defer dropSlot()
 		// Make the slot, then stop: the preload waits in the log.
 		if err := runFor(ctx, relay, 0); err != nil {
 			return f, err
@@ -190,7 +177,7 @@ func logDrain(ctx context.Context, c config, pool *pgxpool.Pool, rep int, mode s
 	if err != nil {
 		return f, err
 	}
-	if err := preloadLog(ctx, pool, schema, topic, c, mode == "wal"); err != nil {
+	if err := preloadOutboxkit(ctx, pool, schema, topic, c, pgxstore.Config{DisableNotify: true, WAL: mode == "wal", PollOnly: true}); err != nil {
 		return f, err
 	}
 	w1, err := walLSN(ctx, pool)
@@ -245,6 +232,30 @@ func logDrain(ctx context.Context, c config, pool *pgxpool.Pool, rep int, mode s
 	return f, nil
 }
 
+// newLogRelay is the log relay of fwd in mode ("table" or "wal") on pool, with the function that
+// drops its slot and publication: call it once the relay has stopped (the server refuses to drop
+// a slot that is read; it waits up to 5 s for the walsender to let go).
+func newLogRelay(pool *pgxpool.Pool, fwd *forwarder.Forwarder, mode string) (*pglog.Relay, func(), error) {
+	pm := pglog.ModeTable
+	if mode == "wal" {
+		pm = pglog.ModeWAL
+	}
+	relay, err := pglog.New(pglog.Config{Forwarder: fwd, Pool: pool, Mode: pm})
+	if err != nil {
+		return nil, nil, err
+	}
+	return relay, func() {
+		for range 50 {
+			if _, err := pool.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", relay.SlotName()); err == nil ||
+				!strings.Contains(err.Error(), "active") {
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		_, _ = pool.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+relay.SlotName())
+	}, nil
+}
+
 // runFor runs relay until it reads its slot, then d more, then stops it.
 func runFor(ctx context.Context, relay *pglog.Relay, d time.Duration) error {
 	rctx, cancel := context.WithCancel(ctx)
@@ -263,34 +274,6 @@ func runFor(ctx context.Context, relay *pglog.Relay, d time.Duration) error {
 	time.Sleep(d)
 	cancel()
 	return <-done
-}
-
-// preloadLog writes the events in transactions of 1,000, as rows or (wal) as messages.
-func preloadLog(ctx context.Context, pool *pgxpool.Pool, schema, topic string, c config, wal bool) error {
-	st := storeIn(pool, schema, pgxstore.Config{DisableNotify: true, WAL: wal, PollOnly: true})
-	for start := 0; start < c.events; start += 1000 {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			return err
-		}
-		pub, err := pipeline.NewPublisher(st, tx, pipeline.PublisherConfig{})
-		if err != nil {
-			return err
-		}
-		var msgs []*message.Message
-		for i := start; i < min(start+1000, c.events); i++ {
-			body, key := payload(i, c.keys)
-			msgs = append(msgs, pipeline.NewEvent("OrderPlaced", key, body))
-		}
-		if err := pub.Publish(topic, msgs...); err != nil {
-			_ = tx.Rollback(ctx)
-			return err
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
 }
 
 // discardCounter discards what it is given and counts it: the relay's own memory, without a
@@ -317,24 +300,11 @@ func logBigTxn(ctx context.Context, c config, pool *pgxpool.Pool, mode string) (
 	if err != nil {
 		return 0, err
 	}
-	pm := pglog.ModeTable
-	if mode == "wal" {
-		pm = pglog.ModeWAL
-	}
-	relay, err := pglog.New(pglog.Config{Forwarder: fwd, Pool: pool, Mode: pm})
+	relay, dropSlot, err := newLogRelay(pool, fwd, mode)
 	if err != nil {
 		return 0, err
 	}
-	defer func() {
-		for range 50 {
-			if _, err := pool.Exec(context.Background(), "SELECT pg_drop_replication_slot($1)", relay.SlotName()); err == nil ||
-				!strings.Contains(err.Error(), "active") {
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		_, _ = pool.Exec(context.Background(), "DROP PUBLICATION IF EXISTS "+relay.SlotName())
-	}()
+	defer dropSlot()
 	if err := runFor(ctx, relay, 0); err != nil {
 		return 0, err
 	}
