@@ -15,6 +15,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends/amqpbackend"
@@ -36,6 +37,12 @@ type e2eImpl struct {
 	pollOnly time.Duration
 	// batched runs the consumer as a middleware.BatchConsumer.
 	batched bool
+	// log, when set, is the log relay's mode ("table" or "wal") in place of the polling relay;
+	// writers wake nobody (in "wal" they write no row). It needs wal_level = logical.
+	log string
+	// probe also times each event's delivery to a raw AMQP consumer of a queue of its own bound
+	// to the topic: what of the latency is the relay's and the broker's, what the consumer's.
+	probe bool
 }
 
 var (
@@ -48,9 +55,14 @@ var (
 
 // e2eResult is one timed run at a fixed offered rate.
 type e2eResult struct {
-	latencies []time.Duration // commit → effect committed, per event
+	latencies []time.Duration // COMMIT returned → effect committed, per event
 	missing   int             // events whose effect had not happened when the run gave up
 	written   float64         // events/s the writers actually committed (below the offered rate when they lag)
+	// relayStmts is the statements the relay sent per timed event (counted by pgx on its own
+	// pool, from the end of the warm-up to the last effect).
+	relayStmts float64
+	// delivered, with e2eImpl.probe: COMMIT returned → delivered to the raw consumer, per event.
+	delivered []time.Duration
 }
 
 // benchE2E offers events at fixed rates, each written in its own business transaction, and
@@ -58,7 +70,7 @@ type e2eResult struct {
 // consumer: outboxkit beside stock Watermill (watermill-sql publisher in the transaction,
 // components/forwarder, watermill-amqp, and a consumer deduplicating in its own transaction).
 func benchE2E(ctx context.Context, c config) ([]series, error) {
-	pool, err := e2ePool(ctx, c)
+	pool, err := e2ePool(ctx, c.dbURL)
 	if err != nil {
 		return nil, err
 	}
@@ -120,7 +132,7 @@ func benchE2E(ctx context.Context, c config) ([]series, error) {
 	fmt.Print(table("end-to-end latency", rows))
 	fmt.Print(table("paired by round", ratios))
 
-	best, err := e2eMaxRate(ctx, c, pool)
+	best, err := e2eMaxRate(ctx, c, pool, e2eMaxImpls, e2eMaxRates)
 	if err != nil {
 		return nil, err
 	}
@@ -129,17 +141,17 @@ func benchE2E(ctx context.Context, c config) ([]series, error) {
 
 // benchE2EMax is the search for the highest sustained rate alone (--scenario e2e-max).
 func benchE2EMax(ctx context.Context, c config) ([]series, error) {
-	pool, err := e2ePool(ctx, c)
+	pool, err := e2ePool(ctx, c.dbURL)
 	if err != nil {
 		return nil, err
 	}
 	defer pool.Close()
-	return e2eMaxRate(ctx, c, pool)
+	return e2eMaxRate(ctx, c, pool, e2eMaxImpls, e2eMaxRates)
 }
 
 // e2ePool is the end-to-end runs' pool: room for the writers, the relay and the consumers.
-func e2ePool(ctx context.Context, c config) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(c.dbURL)
+func e2ePool(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, err
 	}
@@ -151,24 +163,34 @@ func e2ePool(ctx context.Context, c config) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// e2eMaxRate finds the highest offered rate at which outboxkit's p99 stays under 100 ms, every
-// effect done and the writers keeping up: rates step up until one fails twice in a row (one run
-// of half the usual length, and one more when it fails: a checkpoint's stall on this shared
-// machine is not the pipeline's limit), with the consumer over key shards, and batched.
-func e2eMaxRate(ctx context.Context, c config, pool *pgxpool.Pool) ([]series, error) {
+// The e2e scenario's search: the consumer over key shards, and batched.
+var (
+	e2eMaxImpls = []e2eImpl{e2eOursSharded, e2eBatched}
+	e2eMaxRates = []int{200, 400, 600, 800, 1000, 1250, 1500, 1750, 2000, 2500, 3000}
+)
+
+// e2eMaxRate finds, for each of impls, the highest of rates at which the p99 stays under 100 ms,
+// every effect done and the writers keeping up: rates step up until one fails twice in a row (one
+// run of half the usual length, and one more when it fails: a checkpoint's stall on this shared
+// machine is not the pipeline's limit).
+func e2eMaxRate(ctx context.Context, c config, pool *pgxpool.Pool, impls []e2eImpl, rates []int) ([]series, error) {
 	var best []series
-	for _, impl := range []e2eImpl{e2eOursSharded, e2eBatched} {
+	for _, impl := range impls {
 		b := series{Name: impl.name + ": highest offered rate with p99 < 100 ms", Unit: "msg/s"}
 	rates:
-		for _, rate := range []int{200, 400, 600, 800, 1000, 1250, 1500, 1750, 2000, 2500, 3000} {
+		for _, rate := range rates {
 			for attempt := 1; attempt <= 2; attempt++ {
 				res, err := e2eOnce(ctx, c, pool, impl, rate, c.e2eFor/2)
 				if err != nil {
 					return nil, err
 				}
 				p99 := percentile(res.latencies, 99)
-				fmt.Printf("  step %s at %d msg/s, try %d (written %.0f/s): p99 %.1f ms, missing %d\n", impl.name, rate, attempt,
-					res.written, ms(p99), res.missing)
+				probe := ""
+				if impl.probe {
+					probe = fmt.Sprintf(" (delivered p99 %.1f ms)", ms(percentile(res.delivered, 99)))
+				}
+				fmt.Printf("  step %s at %d msg/s, try %d (written %.0f/s): p99 %.1f ms%s, missing %d\n", impl.name, rate, attempt,
+					res.written, ms(p99), probe, res.missing)
 				if p99 < 100*time.Millisecond && res.missing == 0 && res.written >= 0.95*float64(rate) {
 					b.Values = []float64{float64(rate)}
 					continue rates
@@ -182,14 +204,18 @@ func e2eMaxRate(ctx context.Context, c config, pool *pgxpool.Pool) ([]series, er
 	return best, nil
 }
 
-// e2eOnce runs one implementation at one offered rate for d and collects the latencies.
+// e2eOnce runs one implementation at one offered rate for d and collects the latencies: from the
+// moment each writer's COMMIT returned to the moment the consumer's transaction with the effect
+// committed (an effect that lands before its writer heard back counts 0).
 func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, rate int, d time.Duration) (e2eResult, error) {
 	schema, drop, err := newSchema(ctx, pool, "bench_e2e")
 	if err != nil {
 		return e2eResult{}, err
 	}
-	writer := storeIn(pool, schema, pgxstore.Config{DisableNotify: impl.pollOnly > 0})
 	defer drop()
+	quiet := impl.pollOnly > 0 || impl.log != "" // nobody listens for a NOTIFY
+	writer := storeIn(pool, schema, pgxstore.Config{DisableNotify: quiet, WAL: impl.log == "wal"})
+	inbox := storeIn(pool, schema, pgxstore.Config{DisableNotify: quiet})
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL);
 		CREATE TABLE `+schema+`.effects (message_id text PRIMARY KEY);
 		CREATE TABLE `+schema+`.processed (message_id text PRIMARY KEY)`); err != nil {
@@ -203,40 +229,55 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 		return e2eResult{}, err
 	}
 	defer deleteQueues(c.brokerURL, topics, group)
+	var delivered sync.Map // uuid → delivered to the probe
+	if impl.probe {
+		stop, err := probeDeliveries(c.brokerURL, topics, &delivered)
+		if err != nil {
+			return e2eResult{}, err
+		}
+		defer stop()
+	}
 	defer pool.Exec(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS "watermill_%s", "watermill_offsets_%s"`, fwdTopic, fwdTopic)) //nolint:errcheck
+	// The relay's own pool, its statements counted.
+	relayPool, stmts, err := countingPool(ctx, pool)
+	if err != nil {
+		return e2eResult{}, err
+	}
+	defer relayPool.Close()
 
 	total := int(float64(rate) * d.Seconds())
 	warmN := max(50, rate/2) // half a second at the rate, untimed: connections, channels, plans
 	var (
-		warm      sync.Map // uuid → commit time, for the warm-up's events
-		committed sync.Map // uuid → time the commit was sent, for the timed events
-		warmed    atomic.Int64
+		warm      sync.Map // uuid → COMMIT returned, for the warm-up's events
+		committed sync.Map // uuid → COMMIT returned, for the timed events
+		effected  sync.Map // uuid → the effect's transaction committed
+		effects   atomic.Int64
 		warmDone  = make(chan struct{})
-		latMu     sync.Mutex
-		latencies = make([]time.Duration, 0, total)
-		applied   atomic.Int64
 		allDone   = make(chan struct{})
 	)
+	// record is called once the consumer's transaction with the effect has committed. Whether
+	// the writer has heard its COMMIT return yet does not matter: the two times meet at the end.
 	record := func(uuid string) {
-		if _, ok := warm.LoadAndDelete(uuid); ok {
-			if warmed.Add(1) == int64(warmN) {
-				close(warmDone)
-			}
-			return
+		if _, again := effected.LoadOrStore(uuid, time.Now()); again {
+			return // a redelivery
 		}
-		if t0, ok := committed.Load(uuid); ok {
-			latMu.Lock()
-			latencies = append(latencies, time.Since(t0.(time.Time)))
-			latMu.Unlock()
-			if applied.Add(1) == int64(total) {
-				close(allDone)
-			}
+		switch effects.Add(1) {
+		case int64(warmN):
+			close(warmDone)
+		case int64(warmN + total):
+			close(allDone)
 		}
 	}
 	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	var wg sync.WaitGroup
-	defer wg.Wait()
+	var dropSlot func() // the log relay's, once it has stopped
+	defer func() {
+		cancel()
+		wg.Wait()
+		if dropSlot != nil {
+			dropSlot()
+		}
+	}()
 
 	// The consumer.
 	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
@@ -270,7 +311,7 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 			return e2eResult{}, err
 		}
 		bc, err := middleware.NewBatchConsumer(middleware.BatchConfig{
-			StackConfig: middleware.StackConfig{Store: writer, Consumer: group}, MaxBatch: consumerBatch,
+			StackConfig: middleware.StackConfig{Store: inbox, Consumer: group}, MaxBatch: consumerBatch,
 		}, ackWatcher{sub, record}, topic, middleware.NoPublish(handlers.JSON(func(ctx context.Context, tx pgx.Tx, o map[string]any) error {
 			_, err := tx.Exec(ctx, effect, o["id"])
 			return err
@@ -289,7 +330,7 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 			if err != nil {
 				return e2eResult{}, err
 			}
-			stack, err := middleware.Stack(middleware.StackConfig{Store: writer, Consumer: group})
+			stack, err := middleware.Stack(middleware.StackConfig{Store: inbox, Consumer: group})
 			if err != nil {
 				return e2eResult{}, err
 			}
@@ -326,7 +367,7 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 			return e2eResult{}, err
 		}
 		defer amqpPub.Close()
-		sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(pool), wsql.SubscriberConfig{
+		sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(relayPool), wsql.SubscriberConfig{
 			ConsumerGroup: "relay", PollInterval: impl.tune.pollInterval,
 			SchemaAdapter:  wsql.DefaultPostgreSQLSchema{SubscribeBatchSize: impl.tune.batchSize},
 			OffsetsAdapter: wsql.DefaultPostgreSQLOffsetsAdapter{}, InitializeSchema: true,
@@ -350,8 +391,8 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 			return e2eResult{}, err
 		}
 		defer pub.Close()
-		cfg := forwarder.Config{Store: storeIn(pool, schema, pgxstore.Config{PollOnly: impl.pollOnly > 0}), Publisher: pub, Name: "e2e",
-			TopicMapping: func(t, key string) string { return outboxkit.ShardTopic(t, key, impl.shards) }}
+		cfg := forwarder.Config{Store: storeIn(relayPool, schema, pgxstore.Config{PollOnly: impl.pollOnly > 0 || impl.log != ""}), Publisher: pub,
+			Name: "e2e", TopicMapping: func(t, key string) string { return outboxkit.ShardTopic(t, key, impl.shards) }}
 		if impl.pollOnly > 0 {
 			cfg.PollInterval = impl.pollOnly
 		}
@@ -359,9 +400,18 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 		if err != nil {
 			return e2eResult{}, err
 		}
+		run, running := relay.Run, relay.Running()
+		if impl.log != "" {
+			lr, drop, err := newLogRelay(relayPool, relay, impl.log)
+			if err != nil {
+				return e2eResult{}, err
+			}
+			// Reading: the slot exists, so writers in WAL mode may write.
+			run, running, dropSlot = lr.Run, lr.Reading(), drop
+		}
 		wg.Add(1)
-		go func() { defer wg.Done(); _ = relay.Run(runCtx) }()
-		if err := started(relay.Running(), "relay"); err != nil {
+		go func() { defer wg.Done(); _ = run(runCtx) }()
+		if err := started(running, "relay"); err != nil {
 			return e2eResult{}, err
 		}
 	}
@@ -373,10 +423,11 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 	select {
 	case <-warmDone:
 	case <-time.After(60 * time.Second):
-		return e2eResult{}, fmt.Errorf("warm-up: %d of %d effects after 60s", warmed.Load(), warmN)
+		return e2eResult{}, fmt.Errorf("warm-up: %d of %d effects after 60s", effects.Load(), warmN)
 	case <-ctx.Done():
 		return e2eResult{}, ctx.Err()
 	}
+	s0 := stmts.n.Load()
 	writeTime, err := e2eOffer(ctx, pool, writer, topic, fwdTopic, impl, warmN, total, rate, &committed)
 	if err != nil {
 		return e2eResult{}, err
@@ -387,10 +438,18 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 	case <-ctx.Done():
 		return e2eResult{}, ctx.Err()
 	}
-	cancel()
-	latMu.Lock()
-	defer latMu.Unlock()
-	return e2eResult{latencies: latencies, missing: total - len(latencies), written: float64(total) / writeTime.Seconds()}, nil
+	res := e2eResult{written: float64(total) / writeTime.Seconds(), relayStmts: float64(stmts.n.Load()-s0) / float64(total)}
+	committed.Range(func(uuid, t0 any) bool {
+		if t1, ok := effected.Load(uuid); ok {
+			res.latencies = append(res.latencies, max(0, t1.(time.Time).Sub(t0.(time.Time))))
+		}
+		if t1, ok := delivered.Load(uuid); ok {
+			res.delivered = append(res.delivered, max(0, t1.(time.Time).Sub(t0.(time.Time))))
+		}
+		return true
+	})
+	res.missing = total - len(res.latencies)
+	return res, nil
 }
 
 // e2eOffer writes n events numbered from first, each in its own business transaction, on a fixed
@@ -462,8 +521,50 @@ func e2eWrite(ctx context.Context, pool *pgxpool.Pool, writer *pgxstore.Store, t
 			return err
 		}
 	}
+	if err := tx.Commit(ctx); err != nil {
+		return err
+	}
 	committed.Store(msg.UUID, time.Now())
-	return tx.Commit(ctx)
+	return nil
+}
+
+// probeDeliveries consumes, with automatic acknowledgements, an exclusive queue bound to each of
+// topics' exchanges, and records when each message (by id) arrived. stop closes it, and with it
+// the queues.
+func probeDeliveries(url string, topics []string, arrived *sync.Map) (stop func(), err error) {
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		return nil, err
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		conn.Close()
+		return nil, err
+	}
+	var wg sync.WaitGroup
+	for _, t := range topics {
+		q, err := ch.QueueDeclare("", false, true, true, false, nil)
+		if err == nil {
+			err = ch.QueueBind(q.Name, "", t, false, nil)
+		}
+		var deliveries <-chan amqp.Delivery
+		if err == nil {
+			deliveries, err = ch.Consume(q.Name, "", true, true, false, false, nil)
+		}
+		if err != nil {
+			conn.Close()
+			wg.Wait()
+			return nil, fmt.Errorf("probe queue on %s: %w", t, err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for d := range deliveries {
+				arrived.LoadOrStore(d.MessageId, time.Now())
+			}
+		}()
+	}
+	return func() { conn.Close(); wg.Wait() }, nil
 }
 
 // ackWatcher is a subscriber that calls record with a message's UUID once it is acknowledged: for
@@ -471,6 +572,15 @@ func e2eWrite(ctx context.Context, pool *pgxpool.Pool, writer *pgxstore.Store, t
 type ackWatcher struct {
 	message.Subscriber
 	record func(uuid string)
+}
+
+// Unacked is what the watched subscriber hands out at once, when it says (the batch consumer
+// asks).
+func (w ackWatcher) Unacked() int {
+	if u, ok := w.Subscriber.(interface{ Unacked() int }); ok {
+		return u.Unacked()
+	}
+	return 1
 }
 
 func (w ackWatcher) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outboxkit/backends/amqpbackend"
@@ -23,11 +24,9 @@ import (
 	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
-// benchLog measures the log relay (forwarder/pglog) beside the polling relay and the raw broker,
-// in the same rounds, on a server with wal_level = logical (--log-db, scripts/pg-logical.sh):
-// the drain rate of a backlog, the database transactions the relay runs per event, the WAL bytes
-// per event of the writer and of the relay, the relay's CPU when idle, and its peak RSS while
-// relaying one transaction of --big-txn events.
+// benchLog measures the log relay (forwarder/pglog) beside the polling relay, in the same rounds,
+// on a server with wal_level = logical (--log-db, scripts/pg-logical.sh), in the parts --log-parts
+// names: "drain" (logDrains), "e2e" (logLatency) and "write" (logWriteCost).
 func benchLog(ctx context.Context, c config) ([]series, error) {
 	pool, err := pgxpool.New(ctx, c.logDBURL)
 	if err != nil {
@@ -41,6 +40,29 @@ func benchLog(ctx context.Context, c config) ([]series, error) {
 	if level != "logical" {
 		return nil, fmt.Errorf("%s runs wal_level = %s; the log relay needs logical: point --log-db at scripts/pg-logical.sh's cluster", c.logDBURL, level)
 	}
+	parts := map[string]func(context.Context, config, *pgxpool.Pool) ([]series, error){
+		"drain": logDrains, "e2e": logLatency, "write": logWriteCost,
+	}
+	var out []series
+	for _, part := range strings.Split(c.logParts, ",") {
+		run, ok := parts[strings.TrimSpace(part)]
+		if !ok {
+			return nil, fmt.Errorf("--log-parts: no part %q; the parts are drain, e2e and write", part)
+		}
+		r, err := run(ctx, c, pool)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, r...)
+	}
+	return out, nil
+}
+
+// logDrains drains the same backlog with the raw broker, the polling relay and the log relay in
+// both modes in each round: the drain rate, the database transactions and statements the relay
+// runs per event, the WAL bytes per event of the writer and of the relay, the relay's statements
+// and CPU when idle, and its peak RSS while relaying one transaction of --big-txn events.
+func logDrains(ctx context.Context, c config, pool *pgxpool.Pool) ([]series, error) {
 	fmt.Printf("\nlog: %d preloaded events over %d keys → RabbitMQ with publisher confirms, %d reps, on %s\n", c.events, c.keys, c.reps, c.logDBURL)
 	raw := series{Name: "raw amqp091, pipelined confirms", Unit: "msg/s"}
 	poll := series{Name: "polling relay", Unit: "msg/s"}
@@ -71,8 +93,8 @@ func benchLog(ctx context.Context, c config) ([]series, error) {
 		figs = append(figs, pf, tf, wf)
 		fmt.Printf("  round %d: raw %.0f, polling %.0f, log table %.0f, log wal %.0f msg/s\n", rep, r, pf.rate, tf.rate, wf.rate)
 		for _, f := range []logFigures{pf, tf, wf} {
-			fmt.Printf("    %-5s writer WAL %.0f B/event, relay WAL %.0f B/event, relay transactions %.4f/event, relay CPU idle %.4f cores\n",
-				f.mode, f.writerWAL, f.relayWAL, f.relayXacts, f.idleCores)
+			fmt.Printf("    %-5s writer WAL %.0f B/event, relay WAL %.0f B/event, relay transactions %.4f/event, relay statements %.4f/event, "+
+				"idle: %.2f statements/s, CPU %.4f cores\n", f.mode, f.writerWAL, f.relayWAL, f.relayXacts, f.relayStmts, f.idleStmts, f.idleCores)
 		}
 	}
 	out := []series{raw, poll, table, wal,
@@ -82,16 +104,20 @@ func benchLog(ctx context.Context, c config) ([]series, error) {
 		w := series{Name: mode + ": writer WAL bytes/event", Unit: "B"}
 		rw := series{Name: mode + ": relay WAL bytes/event", Unit: "B"}
 		x := series{Name: mode + ": relay transactions/event", Unit: ""}
+		st := series{Name: mode + ": relay statements/event, after start-up", Unit: ""}
+		idleSt := series{Name: mode + ": relay statements/s while idle", Unit: ""}
 		idle := series{Name: mode + ": relay CPU idle, cores", Unit: ""}
 		for _, f := range figs {
 			if f.mode == mode {
 				w.add(f.writerWAL)
 				rw.add(f.relayWAL)
 				x.add(f.relayXacts)
+				st.add(f.relayStmts)
+				idleSt.add(f.idleStmts)
 				idle.add(f.idleCores)
 			}
 		}
-		out = append(out, w, rw, x, idle)
+		out = append(out, w, rw, x, st, idleSt, idle)
 	}
 	for _, mode := range []string{"table", "wal"} {
 		rss, err := logBigTxn(ctx, c, pool, mode)
@@ -115,6 +141,8 @@ type logFigures struct {
 	rate                float64
 	writerWAL, relayWAL float64 // bytes per event
 	relayXacts          float64 // database transactions the relay ran per event (pg_stat_database)
+	relayStmts          float64 // statements the relay sent per event, after its start-up (counted by pgx)
+	idleStmts           float64 // statements the relay sent a second while idle
 	idleCores           float64
 }
 
@@ -149,13 +177,19 @@ func logDrain(ctx context.Context, c config, pool *pgxpool.Pool, rep int, mode s
 		return f, err
 	}
 	defer drop()
+	// The relay's own pool, its statements counted.
+	relayPool, stmts, err := countingPool(ctx, pool)
+	if err != nil {
+		return f, err
+	}
+	defer relayPool.Close()
 	topic := "bench.log." + schema
 	pub, err := amqpbackend.NewPublisher(amqpbackend.PublisherConfig{URL: c.brokerURL})
 	if err != nil {
 		return f, err
 	}
 	defer pub.Close()
-	fwd, err := forwarder.New(forwarder.Config{Store: storeIn(pool, schema, pgxstore.Config{}), Publisher: pub, Name: "bench",
+	fwd, err := forwarder.New(forwarder.Config{Store: storeIn(relayPool, schema, pgxstore.Config{}), Publisher: pub, Name: "bench",
 		BatchSize: c.batch, MaxInFlight: c.inFlight, Retention: forwarder.Retention{Keep: true}})
 	if err != nil {
 		return f, err
@@ -163,7 +197,7 @@ func logDrain(ctx context.Context, c config, pool *pgxpool.Pool, rep int, mode s
 	var relay *pglog.Relay
 	if mode != "poll" {
 		var dropSlot func()
-		relay, dropSlot, err = newLogRelay(pool, fwd, mode)
+		relay, dropSlot, err = newLogRelay(relayPool, fwd, mode)
 		if err != nil {
 			return f, err
 		}
@@ -198,11 +232,19 @@ func logDrain(ctx context.Context, c config, pool *pgxpool.Pool, rep int, mode s
 	defer cancel()
 	done := make(chan error, 1)
 	start := time.Now()
+	reading := fwd.Running()
 	if relay != nil {
+		reading = relay.Reading()
 		go func() { done <- relay.Run(runCtx) }()
 	} else {
 		go func() { done <- fwd.Run(runCtx) }()
 	}
+	if err := started(reading, mode+" relay"); err != nil {
+		cancel()
+		<-done
+		return f, err
+	}
+	s0 := stmts.n.Load() // its start-up's statements are behind
 	if err := cnt.wait(ctx, 5*time.Minute); err != nil {
 		cancel()
 		<-done
@@ -211,9 +253,12 @@ func logDrain(ctx context.Context, c config, pool *pgxpool.Pool, rep int, mode s
 	f.rate = rate(c.events, time.Since(start))
 	// Idle: the backlog is published; what does the relay cost while nothing is written?
 	time.Sleep(2 * time.Second) // its last flush and confirmation
+	s1 := stmts.n.Load()
+	f.relayStmts = float64(s1-s0) / float64(c.events)
 	cpu0, t0 := cpuSeconds(), time.Now()
 	time.Sleep(c.logIdle)
 	f.idleCores = (cpuSeconds() - cpu0) / time.Since(t0).Seconds()
+	f.idleStmts = float64(stmts.n.Load()-s1) / time.Since(t0).Seconds()
 	cancel()
 	if err := <-done; err != nil {
 		return f, err
@@ -358,4 +403,38 @@ func peakRSS() float64 {
 		}
 	}
 	return 0
+}
+
+// stmtCounter is a pgx tracer counting the statements its connections send, each query of a
+// batch and each COPY included: the relay's own work, apart from the writers' and the bench's.
+type stmtCounter struct{ n atomic.Int64 }
+
+func (s *stmtCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	s.n.Add(1)
+	return ctx
+}
+func (s *stmtCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (s *stmtCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return ctx
+}
+func (s *stmtCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {
+	s.n.Add(1)
+}
+func (s *stmtCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+func (s *stmtCounter) TraceCopyFromStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceCopyFromStartData) context.Context {
+	s.n.Add(1)
+	return ctx
+}
+func (s *stmtCounter) TraceCopyFromEnd(context.Context, *pgx.Conn, pgx.TraceCopyFromEndData) {}
+
+// countingPool is a pool of its own on pool's database whose statements are counted: give it to
+// a relay to count what the relay alone runs.
+func countingPool(ctx context.Context, pool *pgxpool.Pool) (*pgxpool.Pool, *stmtCounter, error) {
+	cfg := pool.Config()
+	cnt := &stmtCounter{}
+	cfg.ConnConfig.Tracer = cnt
+	cfg.MaxConns = 16 // as many as a polling relay's lanes use at once
+	cfg.MinConns = 0
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	return p, cnt, err
 }

@@ -53,6 +53,7 @@ type config struct {
 	logDBURL string
 	logIdle  time.Duration
 	bigTxn   int
+	logParts string
 }
 
 func main() {
@@ -60,6 +61,9 @@ func main() {
 	flag.StringVar(&c.logDBURL, "log-db", env("OUTBOXKIT_TEST_PGLOGICAL_URL", "postgres://postgres@127.0.0.1:55432/test?sslmode=disable"),
 		"Postgres with wal_level = logical for --scenario log (scripts/pg-logical.sh start)")
 	flag.DurationVar(&c.logIdle, "log-idle", 10*time.Second, "how long --scenario log measures each relay idle")
+	flag.StringVar(&c.logParts, "log-parts", "drain,e2e,write", "what --scenario log measures, comma-separated: drain (drain rate, WAL, "+
+		"statements per event, idle cost, a big transaction's RSS), e2e (commit → consumer effect latency, and the highest rate), "+
+		"write (the writers' cost in each mode)")
 	flag.IntVar(&c.bigTxn, "big-txn", 100000, "events of the one transaction whose relaying --scenario log measures the peak RSS of")
 	flag.StringVar(&c.dbURL, "db", env("OUTBOXKIT_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL")
 	flag.StringVar(&c.brokerURL, "broker", env("OUTBOXKIT_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
@@ -71,7 +75,8 @@ func main() {
 	flag.IntVar(&c.reps, "reps", 3, "repetitions of each measurement (the median is reported)")
 	flag.StringVar(&c.jsonPath, "json", "bench-results/bench.json", "where to write the figures as JSON (empty: nowhere)")
 	flag.StringVar(&c.comparePath, "compare", "", "an earlier run's JSON: print each figure beside its earlier median")
-	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the outboxkit drains (drain) or of the writers of the outbox row at 16 clients (write) to this file")
+	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the outboxkit drains (drain), of the writers of the outbox row at 16 clients (write) "+
+		"or of the first end-to-end run in WAL mode (log) to this file")
 	flag.IntVar(&c.batch, "batch", 0, "forwarder BatchSize (0: the default)")
 	flag.IntVar(&c.inFlight, "inflight", 0, "forwarder MaxInFlight (0: the default)")
 	flag.IntVar(&c.relays, "relays", 1, "forwarders draining the outbox at once")

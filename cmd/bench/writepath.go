@@ -30,6 +30,9 @@ type writeMode struct {
 	// withCommit sends the outbox row in the COMMIT's round trip (pgxstore.Transact) instead of
 	// its own (Publish, then Commit).
 	withCommit bool
+	// wal writes the event as a logical decoding message instead of a row (pgxstore.Config.WAL;
+	// the target makes a log relay's slot in WAL mode first).
+	wal bool
 	// relayPoll, when set, runs a relay draining the outbox (to a publisher that discards) during
 	// the measurement; with notify, its poll under the wake-ups.
 	relayPoll time.Duration
@@ -84,7 +87,7 @@ func benchWritePath(ctx context.Context, c config) ([]series, error) {
 	)
 	switch c.store {
 	case "postgres":
-		target, err = pgWriteTarget(ctx, c)
+		target, err = pgWriteTarget(ctx, c, c.dbURL, pgWriteModes)
 	case "mysql":
 		target, err = sqlWriteTarget(ctx, c.mysqlURL, "MySQL/MariaDB")
 	case "sqlite":
@@ -113,17 +116,6 @@ func benchWritePath(ctx context.Context, c config) ([]series, error) {
 	if err != nil {
 		return nil, err
 	}
-	type key struct{ mode, clients int }
-	p50, p99, tps, mean := map[key]*series{}, map[key]*series{}, map[key]*series{}, map[key]*series{}
-	for mi, m := range modes {
-		for _, n := range clients {
-			k := key{mi, n}
-			p50[k] = &series{Name: fmt.Sprintf("%s, %d clients, p50", m.name, n), Unit: "ms"}
-			p99[k] = &series{Name: fmt.Sprintf("%s, %d clients, p99", m.name, n), Unit: "ms"}
-			tps[k] = &series{Name: fmt.Sprintf("%s, %d clients", m.name, n), Unit: "tx/s"}
-			mean[k] = &series{Name: fmt.Sprintf("%s, %d clients, mean", m.name, n), Unit: "ms"}
-		}
-	}
 	var profile *os.File
 	if c.cpuProfile != "" {
 		if profile, err = os.Create(c.cpuProfile); err != nil {
@@ -131,34 +123,13 @@ func benchWritePath(ctx context.Context, c config) ([]series, error) {
 		}
 		defer profile.Close()
 	}
-	for rep := 1; rep <= c.reps; rep++ {
-		for _, n := range clients {
-			for mi, m := range modes {
-				// --cpuprofile: the writers' side of the outbox row at 16 clients, first round.
-				profiled := profile != nil && rep == 1 && n == 16 && m.name == modeOutbox
-				if profiled {
-					if err := pprof.StartCPUProfile(profile); err != nil {
-						return nil, err
-					}
-				}
-				lat, elapsed, err := target.load(ctx, m, n, c.writeFor)
-				if profiled {
-					pprof.StopCPUProfile()
-				}
-				if err != nil {
-					return nil, fmt.Errorf("%s: %w", m.name, err)
-				}
-				k := key{mi, n}
-				p50[k].add(ms(percentile(lat, 50)))
-				p99[k].add(ms(percentile(lat, 99)))
-				tps[k].add(rate(len(lat), elapsed))
-				// The time a client spends per transaction, from the throughput: at 16 clients on
-				// two cores it is the cost that queues, which p50 alone hides.
-				mean[k].add(float64(n) * ms(elapsed) / float64(max(len(lat), 1)))
-			}
-		}
-		fmt.Printf("  round %d done\n", rep)
+	// --cpuprofile: the writers' side of the outbox row at 16 clients, first round.
+	fig, err := measureWrites(ctx, c, target, modes, clients, profile, modeOutbox)
+	if err != nil {
+		return nil, err
 	}
+	type key = writeKey
+	p50, p99, tps, mean := fig.p50, fig.p99, fig.tps, fig.mean
 	idx := func(name string) int {
 		return slices.IndexFunc(modes, func(m writeMode) bool { return m.name == name })
 	}
@@ -218,6 +189,58 @@ func benchWritePath(ctx context.Context, c config) ([]series, error) {
 	return out, nil
 }
 
+// writeKey is one write-path measurement: a mode (its index) at a number of clients.
+type writeKey struct{ mode, clients int }
+
+// writeFigures are a write-path run's series by measurement: p50 and p99 latency, throughput, and
+// the mean time a client spends per transaction.
+type writeFigures struct{ p50, p99, tps, mean map[writeKey]*series }
+
+// measureWrites runs c.reps rounds of target's load, for c.writeFor each: in each round, for each
+// number of clients, the modes alternate, so each ratio pairs figures measured back to back.
+// profile, when set, receives a CPU profile of the first round's mode named profiled at 16 clients.
+func measureWrites(ctx context.Context, c config, target *writeTarget, modes []writeMode, clients []int,
+	profile *os.File, profiled string) (writeFigures, error) {
+	fig := writeFigures{p50: map[writeKey]*series{}, p99: map[writeKey]*series{}, tps: map[writeKey]*series{}, mean: map[writeKey]*series{}}
+	for mi, m := range modes {
+		for _, n := range clients {
+			k := writeKey{mi, n}
+			fig.p50[k] = &series{Name: fmt.Sprintf("%s, %d clients, p50", m.name, n), Unit: "ms"}
+			fig.p99[k] = &series{Name: fmt.Sprintf("%s, %d clients, p99", m.name, n), Unit: "ms"}
+			fig.tps[k] = &series{Name: fmt.Sprintf("%s, %d clients", m.name, n), Unit: "tx/s"}
+			fig.mean[k] = &series{Name: fmt.Sprintf("%s, %d clients, mean", m.name, n), Unit: "ms"}
+		}
+	}
+	for rep := 1; rep <= c.reps; rep++ {
+		for _, n := range clients {
+			for mi, m := range modes {
+				prof := profile != nil && rep == 1 && n == 16 && m.name == profiled
+				if prof {
+					if err := pprof.StartCPUProfile(profile); err != nil {
+						return fig, err
+					}
+				}
+				lat, elapsed, err := target.load(ctx, m, n, c.writeFor)
+				if prof {
+					pprof.StopCPUProfile()
+				}
+				if err != nil {
+					return fig, fmt.Errorf("%s: %w", m.name, err)
+				}
+				k := writeKey{mi, n}
+				fig.p50[k].add(ms(percentile(lat, 50)))
+				fig.p99[k].add(ms(percentile(lat, 99)))
+				fig.tps[k].add(rate(len(lat), elapsed))
+				// The time a client spends per transaction, from the throughput: at 16 clients on
+				// two cores it is the cost that queues, which p50 alone hides.
+				fig.mean[k].add(float64(n) * ms(elapsed) / float64(max(len(lat), 1)))
+			}
+		}
+		fmt.Printf("  round %d done\n", rep)
+	}
+	return fig, nil
+}
+
 // pickWriteModes keeps the modes list names (comma-separated keys; every mode when it is empty),
 // in their usual order. The business transaction alone and the minimal row are always kept: every
 // ratio is taken over them.
@@ -249,8 +272,9 @@ func pickWriteModes(all []writeMode, list string) ([]writeMode, error) {
 // The minimal row: what one more small INSERT costs on this machine (as pgbench would measure it).
 const minimalRowDDL = `CREATE TABLE %s (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, topic text NOT NULL, payload jsonb NOT NULL)`
 
-func pgWriteTarget(ctx context.Context, c config) (*writeTarget, error) {
-	cfg, err := pgxpool.ParseConfig(c.dbURL)
+// pgWriteTarget measures modes on the Postgres dbURL names.
+func pgWriteTarget(ctx context.Context, c config, dbURL string, modes []writeMode) (*writeTarget, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, err
 	}
@@ -277,10 +301,29 @@ func pgWriteTarget(ctx context.Context, c config) (*writeTarget, error) {
 		closeAll()
 		return nil, err
 	}
+	if slices.ContainsFunc(modes, func(m writeMode) bool { return m.wal }) {
+		// Writers in WAL mode write once a log relay in WAL mode has made its slot: make it, and
+		// leave it unread (the writers' cost alone).
+		fwd, err := forwarder.New(forwarder.Config{Store: storeIn(pool, schema, pgxstore.Config{PollOnly: true}), Publisher: discard{}, Name: "write"})
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		relay, dropSlot, err := newLogRelay(pool, fwd, "wal")
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		closeAll = func() { dropSlot(); drop(); pool.Close() }
+		if err := runFor(ctx, relay, 0); err != nil {
+			closeAll()
+			return nil, err
+		}
+	}
 	insert := `INSERT INTO ` + schema + `.orders (customer, total_cents) VALUES ($1, $2) RETURNING id`
 	insertMin := `INSERT INTO ` + schema + `.events_min (topic, payload) VALUES ('orders', $1)`
 	load := func(ctx context.Context, m writeMode, n int, d time.Duration) ([]time.Duration, time.Duration, error) {
-		outbox := storeIn(pool, schema, pgxstore.Config{DisableNotify: !m.notify})
+		outbox := storeIn(pool, schema, pgxstore.Config{DisableNotify: !m.notify, WAL: m.wal})
 		if m.relayPoll > 0 {
 			relay, err := forwarder.New(forwarder.Config{Store: storeIn(pool, schema, pgxstore.Config{}), Publisher: discard{},
 				Name: "write", PollInterval: m.relayPoll, Retention: forwarder.Retention{Keep: true}})
@@ -327,7 +370,7 @@ func pgWriteTarget(ctx context.Context, c config) (*writeTarget, error) {
 			})
 		})
 	}
-	return &writeTarget{desc: "Postgres (pgx)", modes: pgWriteModes, load: load, close: closeAll}, nil
+	return &writeTarget{desc: "Postgres (pgx)", modes: modes, load: load, close: closeAll}, nil
 }
 
 // sqlWriteTarget measures a database/sql store (MySQL/MariaDB, SQLite) opened by URL.
