@@ -36,6 +36,13 @@ const (
 	// Nats-Msg-Id within its DuplicateWindow) see a new id — the UUID and the token — and deliver it.
 	MetadataReplay = "outboxkit_replay"
 
+	// MetadataUndecodable marks a message its subscriber could not read (a field or header the
+	// broker's wire format cannot parse): why, and where it stood in the broker. Such a message
+	// carries no UUID, and its payload and headers as they came; the consumer's stack dead-letters
+	// it on its first delivery with this reason. A replay gives it an id, and it is then handled as
+	// any other message.
+	MetadataUndecodable = "outboxkit_undecodable"
+
 	// MetadataSeq is set by the forwarder to the row's position in the outbox (decimal). It is
 	// informative: the per-key order is already the order of publication.
 	MetadataSeq = "outboxkit_seq"

@@ -7,13 +7,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/tests"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outboxkit/backends"
 	_ "github.com/outboxkit/outboxkit/backends/allbackends" // every broker URL
 	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/middleware"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // backendCase is a broker the suites run against, and what it guarantees.
@@ -139,5 +146,185 @@ func TestBackends_CloseClosesEveryChannelBeforeReturning(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// rawWriters write a message straight to a broker, in no format outboxkit's publisher writes:
+// garbage, as another producer might. Each returns what the dead letter's reason must name (the
+// decode error and where the message stood). Postgres topics and the in-memory bus have no other
+// producer.
+var rawWriters = map[string]func(t *testing.T, url, topic string) []malformed{
+	// A fields map whose metadata is not msgpack, and one with no id of any kind.
+	"redis": func(t *testing.T, url, topic string) []malformed {
+		opts, err := redis.ParseURL(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		client := redis.NewClient(opts)
+		defer client.Close()
+		add := func(values map[string]any) string {
+			id, err := client.XAdd(context.Background(), &redis.XAddArgs{Stream: topic, Values: values}).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			return id
+		}
+		badMetadata := add(map[string]any{"_watermill_message_uuid": watermill.NewUUID(), "metadata": "\xc1 not msgpack", "payload": `{"bad":"metadata"}`})
+		noID := add(map[string]any{"payload": `{"no":"id"}`})
+		return []malformed{
+			{payload: `{"bad":"metadata"}`, reason: []string{"stream entry " + badMetadata, "unmarshal metadata"}},
+			{payload: `{"no":"id"}`, reason: []string{"stream entry " + noID, "nor ce_id"}},
+		}
+	},
+	// A header with two values, which Watermill's format cannot put in metadata.
+	"nats": func(t *testing.T, url, topic string) []malformed {
+		nc, err := nats.Connect(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h := nats.Header{"X-Twice": {"a", "b"}}
+		ack, err := js.PublishMsg(context.Background(), &nats.Msg{Subject: topic, Header: h, Data: []byte(`{"two":"values"}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []malformed{{payload: `{"two":"values"}`, reason: []string{fmt.Sprintf("sequence %d", ack.Sequence), "multiple values"}}}
+	},
+	// Watermill's UUID header holding a number.
+	"amqp": func(t *testing.T, url, topic string) []malformed {
+		conn, err := amqp.Dial(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ch, err := conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = ch.PublishWithContext(context.Background(), topic, "", false, false, amqp.Publishing{
+			Headers: amqp.Table{"_watermill_message_uuid": int32(7)}, MessageId: "m-7", Body: []byte(`{"uuid":"a number"}`)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []malformed{{payload: `{"uuid":"a number"}`, reason: []string{"m-7", "not a string"}}}
+	},
+	// Kafka's format reads any record; a record without an id is what another producer may write.
+	"kafka": func(t *testing.T, url, topic string) []malformed {
+		cfg := sarama.NewConfig()
+		cfg.Producer.Return.Successes = true
+		p, err := sarama.NewSyncProducer([]string{strings.TrimPrefix(url, "kafka://")}, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		if _, _, err := p.SendMessage(&sarama.ProducerMessage{Topic: topic, Value: sarama.StringEncoder(`{"no":"id"}`)}); err != nil {
+			t.Fatal(err)
+		}
+		return []malformed{{payload: `{"no":"id"}`, reason: []string{"has no UUID"}}}
+	},
+}
+
+// malformed is a message a raw writer wrote: its payload, and what its dead letter's reason says.
+type malformed struct {
+	payload string
+	reason  []string
+}
+
+// A message that cannot be read is dead-lettered by the consumer, with why and where it stood in
+// the broker, and acknowledged: never dropped, never blocking what comes after it — through the
+// per-message stack and through the batch consumer. A replay then gets it handled.
+func TestBackends_MalformedMessageIsDeadLettered(t *testing.T) {
+	for _, bc := range backendCases {
+		write := rawWriters[bc.scheme]
+		if write == nil {
+			continue
+		}
+		for _, batch := range []int{0, 10} {
+			t.Run(fmt.Sprintf("%s/batch=%d", bc.scheme, batch), func(t *testing.T) {
+				t.Parallel()
+				url := bc.url(t)
+				db := pgDB(testenv.NewPG(t))
+				createEffects(t, db)
+				opts := bc.opts
+				var consumerOpts []effectConsumerOpt
+				if batch > 0 {
+					opts.Unacked = batch
+					consumerOpts = append(consumerOpts, withBatch(batch))
+				}
+				b := openBackend(t, url, opts)
+				topic := testenv.UniqueName(t, "malformed")
+				group := "billing"
+				dropWhenDone(t, bc.scheme, url, []string{topic}, []string{group})
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				startEffectConsumer(t, ctx, db, b, topic, group, consumerOpts...)
+
+				before, after := message.NewMessage(watermill.NewUUID(), []byte(`{}`)), message.NewMessage(watermill.NewUUID(), []byte(`{}`))
+				if err := b.Publisher.Publish(topic, before); err != nil {
+					t.Fatal(err)
+				}
+				bad := write(t, url, topic)
+				if err := b.Publisher.Publish(topic, after); err != nil {
+					t.Fatal(err)
+				}
+
+				var letters []store.DeadLetter
+				for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) { // the poll's period
+					var err error
+					letters, err = db.Store().InboxDeadLetters(ctx, store.DeadLetterFilter{Consumer: group, Topic: topic})
+					if err != nil {
+						t.Fatal(err)
+					}
+					applied := countEffects(t, db, group)
+					if applied == 2 && len(letters) >= len(bad) {
+						break
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("after 60s: %d of the 2 good messages applied, %d dead letters for the %d malformed", applied, len(letters), len(bad))
+					}
+				}
+				if len(letters) != len(bad) {
+					t.Fatalf("%d dead letters, want %d: %+v", len(letters), len(bad), letters)
+				}
+				for _, m := range bad {
+					found := false
+					for _, l := range letters {
+						if string(l.Payload) != m.payload {
+							continue
+						}
+						found = true
+						if !strings.HasPrefix(l.MessageID, "no-id:") || l.Attempts != 1 {
+							t.Errorf("dead letter %s after %d deliveries; want a no-id: id on the first", l.MessageID, l.Attempts)
+						}
+						for _, want := range m.reason {
+							if !strings.Contains(l.Reason, want) {
+								t.Errorf("dead letter's reason %q does not say %q", l.Reason, want)
+							}
+						}
+					}
+					if !found {
+						t.Errorf("no dead letter holds the payload %s as it came; dead letters: %+v", m.payload, letters)
+					}
+				}
+				// Dead-lettered, then acknowledged: nothing stays with the group to be delivered again.
+				testenv.Eventually(t, 30*time.Second, "the group to have nothing left", func() bool {
+					lag, err := b.Lag(ctx, topic, group)
+					return err == nil && lag.Waiting == 0 && (!lag.HasUnacked || lag.Unacked == 0)
+				})
+				// An operator's replay sends each back with an id of its own, and it is handled.
+				replayed, err := middleware.ReplayInboxDeadLetters(ctx, middleware.ReplayConfig{Store: db.Store(), Publisher: b.Publisher},
+					store.DeadLetterFilter{Consumer: group, Topic: topic})
+				if err != nil || len(replayed) != len(bad) {
+					t.Fatalf("replay = %d letters, %v", len(replayed), err)
+				}
+				testenv.Eventually(t, 60*time.Second, "the replayed messages to be handled", func() bool {
+					return countEffects(t, db, group) == 2+len(bad)
+				})
+			})
+		}
 	}
 }

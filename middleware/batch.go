@@ -259,6 +259,9 @@ func (c *BatchConsumer) collect(ctx context.Context, msgs <-chan *message.Messag
 // process settles a batch in arrival order: runs of broker-vouched first deliveries go through
 // one transaction each; any other delivery through the per-message stack, in its place.
 func (c *BatchConsumer) process(batch []*message.Message) {
+	for _, m := range batch {
+		m.SetContext(withSubscribeTopic(m.Context(), c.topic)) // as a router does: dead letters and parked rows name it
+	}
 	start := 0
 	for i, m := range batch {
 		if c.batchable(m) {

@@ -174,7 +174,7 @@ func (dl *deadLetter) deadLetter(msg *message.Message, d *delivery, reason strin
 			metadata = []byte("{}")
 		}
 		if err := d.session(dl.cfg.Store).DeadLetter(msg.Context(), store.InboxDeadLetter{
-			Consumer: dl.cfg.Consumer, Topic: message.SubscribeTopicFromCtx(msg.Context()), MessageID: deadLetterID(msg, metadata),
+			Consumer: dl.cfg.Consumer, Topic: subscribeTopic(msg.Context()), MessageID: deadLetterID(msg, metadata),
 			Payload: msg.Payload, Metadata: metadata, Reason: reason, Deliveries: deliveries, Now: dl.cfg.Now(),
 		}); err != nil {
 			return fmt.Errorf("dead-letter message %s (%s): %w", msg.UUID, reason, err)
@@ -198,7 +198,7 @@ func deadLetterID(msg *message.Message, metadata []byte) string {
 		return msg.UUID
 	}
 	h := sha256.New()
-	for _, part := range [][]byte{[]byte(message.SubscribeTopicFromCtx(msg.Context())), msg.Payload, metadata} {
+	for _, part := range [][]byte{[]byte(subscribeTopic(msg.Context())), msg.Payload, metadata} {
 		_, _ = fmt.Fprintf(h, "%d:", len(part))
 		h.Write(part)
 	}

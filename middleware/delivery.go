@@ -100,6 +100,10 @@ func validConsumer(name string) error {
 var errNoUUID = errors.New("message has no UUID: outboxkit deduplicates on it; publish through the outbox, " +
 	"or give every message a unique UUID (RabbitMQ's message_id and a CloudEvents id serve too)")
 
+// errUndecodable rejects a message its subscriber could not read (outboxkit.MetadataUndecodable
+// says why); the inbox marks it permanent.
+var errUndecodable = errors.New("it is kept as it came from the broker: fix its producer, then replay or archive it")
+
 // ErrWrongConsumer is returned (wrapped) for a message that a subscriber delivered for another
 // consumer than the one the stack was built for: the subscription's consumer name and
 // StackConfig.Consumer must be the same, or the inbox would record the message under a name no

@@ -110,6 +110,9 @@ type inbox struct{ cfg InboxConfig }
 
 func (in *inbox) handle(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
 	if msg.UUID == "" {
+		if why := msg.Metadata.Get(outboxkit.MetadataUndecodable); why != "" {
+			return nil, handlers.Permanent(fmt.Errorf("%s (%w)", why, errUndecodable))
+		}
 		return nil, handlers.Permanent(errNoUUID)
 	}
 	d := deliveryOf(msg)
@@ -281,4 +284,21 @@ func publishTopic(ctx context.Context) string {
 		return t
 	}
 	return message.PublishTopicFromCtx(ctx)
+}
+
+type subscribeTopicKey struct{}
+
+// withSubscribeTopic names the topic a message came from where no Watermill router does (the
+// batch consumer).
+func withSubscribeTopic(ctx context.Context, topic string) context.Context {
+	return context.WithValue(ctx, subscribeTopicKey{}, topic)
+}
+
+// subscribeTopic is the topic a message came from, as its dead letter, parked row and span record
+// it: the batch consumer's, or the router's.
+func subscribeTopic(ctx context.Context) string {
+	if t, ok := ctx.Value(subscribeTopicKey{}).(string); ok {
+		return t
+	}
+	return message.SubscribeTopicFromCtx(ctx)
 }

@@ -132,7 +132,7 @@ func (g *orderGuard) park(ctx context.Context, d *delivery, msg *message.Message
 		payload = []byte{}
 	}
 	if err := d.inbox.ParkMessage(ctx, store.Parked{Consumer: g.cfg.Consumer, Key: key, Version: version, MessageID: msg.UUID,
-		Topic: message.SubscribeTopicFromCtx(ctx), Payload: payload, Metadata: metadata, ParkedAt: g.cfg.Now()}); err != nil {
+		Topic: subscribeTopic(ctx), Payload: payload, Metadata: metadata, ParkedAt: g.cfg.Now()}); err != nil {
 		return fmt.Errorf("order guard: park version %d of key %s: %w", version, key, err)
 	}
 	d.parked = true

@@ -40,7 +40,7 @@ func NewTracing(cfg TracingConfig) (message.HandlerMiddleware, error) {
 				trace.WithAttributes(
 					attribute.String("messaging.operation.type", "process"),
 					attribute.String("messaging.consumer.group.name", cfg.Consumer),
-					attribute.String("messaging.destination.name", message.SubscribeTopicFromCtx(parent)),
+					attribute.String("messaging.destination.name", subscribeTopic(parent)),
 					attribute.String("messaging.message.id", msg.UUID),
 				))
 			defer span.End()

@@ -272,13 +272,7 @@ func (s *Subscriber) forward(ctx context.Context, deliveries <-chan amqp.Deliver
 // first) and then frees the delivery's slot in the window. False when the subscription ended.
 func (s *Subscriber) handOut(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, window chan struct{},
 	fields watermill.LogFields) bool {
-	msg, err := s.unmarshal(d)
-	if err != nil {
-		s.cfg.Logger.Error("Cannot read AMQP delivery, rejecting it", err, fields.Add(watermill.LogFields{"message_id": d.MessageId}))
-		_ = d.Reject(false)
-		<-window
-		return true
-	}
+	msg := s.unmarshal(d, fields)
 	mctx, cancel := context.WithCancel(ctx)
 	msg.SetContext(outboxkit.WithConsumer(outboxkit.WithRedelivered(mctx, d.Redelivered), s.cfg.Consumer))
 	select {
@@ -329,14 +323,7 @@ func (s *Subscriber) settle(ctx context.Context, d amqp.Delivery, msg *message.M
 // deliver hands one delivery over and settles it: ack on Ack, requeue on Nack or when the
 // subscription ends first. False when the subscription ended.
 func (s *Subscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<- *message.Message, fields watermill.LogFields) bool {
-	msg, err := s.unmarshal(d)
-	if err != nil {
-		// The wire format is broken beyond what a handler can see: requeueing would loop forever,
-		// so the broker gets it back unrequeued (dead-lettered where the queue has a DLX).
-		s.cfg.Logger.Error("Cannot read AMQP delivery, rejecting it", err, fields.Add(watermill.LogFields{"message_id": d.MessageId}))
-		_ = d.Reject(false)
-		return true
-	}
+	msg := s.unmarshal(d, fields)
 	mctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	msg.SetContext(outboxkit.WithConsumer(outboxkit.WithRedelivered(mctx, d.Redelivered), s.cfg.Consumer))
@@ -355,11 +342,21 @@ func (s *Subscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<- *m
 // unmarshal reads a delivery in watermill-amqp's format, or one another producer wrote: without
 // Watermill's UUID header the AMQP message_id (or the CloudEvents id) is the UUID, and the type,
 // content_type and timestamp properties and the cloudEvents:* application properties fill in the
-// event type, content type, creation time, partition key and trace context.
-func (s *Subscriber) unmarshal(d amqp.Delivery) (*message.Message, error) {
+// event type, content type, creation time, partition key and trace context. A delivery it cannot
+// read (Watermill's UUID header holding something else than a string) is handed out as it came
+// (brokerio.Undecodable), for the consumer to dead-letter: rejected instead, it would be dropped
+// by a queue without a dead-letter exchange, as outboxkit's queues are.
+func (s *Subscriber) unmarshal(d amqp.Delivery, fields watermill.LogFields) *message.Message {
 	msg, err := s.marshaler.Unmarshal(d)
 	if err != nil {
-		return nil, err
+		where := fmt.Sprintf("AMQP message (message_id %q) from exchange %s", d.MessageId, d.Exchange)
+		logs.Warn(s.cfg.Logger, "Cannot read an AMQP delivery, handing it out to be dead-lettered", err,
+			fields.Add(watermill.LogFields{"message_id": d.MessageId}))
+		headers := make(map[string]string, len(d.Headers))
+		for k, v := range d.Headers {
+			headers[k] = fmt.Sprint(v)
+		}
+		return brokerio.Undecodable(where, err, d.Body, headers, wamqp.MessageUUIDHeaderKey)
 	}
 	if msg.UUID == "" {
 		msg.UUID = d.MessageId
@@ -382,7 +379,7 @@ func (s *Subscriber) unmarshal(d amqp.Delivery) (*message.Message, error) {
 		}
 		return ""
 	})
-	return msg, nil
+	return msg
 }
 
 // reconnect waits, with backoff, until the topic can be consumed again. False when the

@@ -1,6 +1,7 @@
 package amqpbackend
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -44,14 +45,21 @@ func TestAMQP_PropertiesAndForeignDeliveries(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A Node.js producer that sets only messageId, type and contentType.
-	plain, err := s.unmarshal(amqp.Delivery{MessageId: "node-1", Type: "OrderPlaced", ContentType: "application/json", Body: []byte(`{}`)})
-	if err != nil || plain.UUID != "node-1" || outboxkit.EventType(plain) != "OrderPlaced" {
-		t.Fatalf("plain delivery read as %s %v (%v)", plain.UUID, plain.Metadata, err)
+	plain := s.unmarshal(amqp.Delivery{MessageId: "node-1", Type: "OrderPlaced", ContentType: "application/json", Body: []byte(`{}`)}, nil)
+	if plain.UUID != "node-1" || outboxkit.EventType(plain) != "OrderPlaced" {
+		t.Fatalf("plain delivery read as %s %v", plain.UUID, plain.Metadata)
 	}
 	// A CloudEvents SDK producer, binary mode.
-	ce, err := s.unmarshal(amqp.Delivery{Headers: amqp.Table{"cloudEvents:id": "ce-1", "cloudEvents:type": "OrderPaid",
-		"cloudEvents:partitionkey": "o-2", "cloudEvents:specversion": "1.0"}, Body: []byte(`{}`)})
-	if err != nil || ce.UUID != "ce-1" || outboxkit.EventType(ce) != "OrderPaid" || outboxkit.PartitionKey(ce) != "o-2" {
-		t.Fatalf("CloudEvent read as %s %v (%v)", ce.UUID, ce.Metadata, err)
+	ce := s.unmarshal(amqp.Delivery{Headers: amqp.Table{"cloudEvents:id": "ce-1", "cloudEvents:type": "OrderPaid",
+		"cloudEvents:partitionkey": "o-2", "cloudEvents:specversion": "1.0"}, Body: []byte(`{}`)}, nil)
+	if ce.UUID != "ce-1" || outboxkit.EventType(ce) != "OrderPaid" || outboxkit.PartitionKey(ce) != "o-2" {
+		t.Fatalf("CloudEvent read as %s %v", ce.UUID, ce.Metadata)
+	}
+	// Watermill's UUID header holding a number: handed out as it came, marked undecodable.
+	bad := s.unmarshal(amqp.Delivery{MessageId: "m-7", Headers: amqp.Table{"_watermill_message_uuid": int32(7)}, Body: []byte(`{}`)}, nil)
+	why := bad.Metadata.Get(outboxkit.MetadataUndecodable)
+	if bad.UUID != "" || string(bad.Payload) != `{}` || bad.Metadata["_watermill_message_uuid"] != "" ||
+		!strings.Contains(why, `"m-7"`) || !strings.Contains(why, `_watermill_message_uuid "7"`) {
+		t.Fatalf("undecodable delivery read as %q %s %v", bad.UUID, bad.Payload, bad.Metadata)
 	}
 }

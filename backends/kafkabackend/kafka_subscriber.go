@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +15,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
+	"github.com/outboxkit/outboxkit/internal/logs"
 )
 
 // horizonPrefix starts the metadata a member commits with a partition's offset: the first offset
@@ -381,14 +384,16 @@ func (h *kafkaGroupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim
 			}
 			msg, err := h.s.marshaler.Unmarshal(cm)
 			if err != nil {
-				h.s.logger.Error("Cannot read a Kafka record, skipping it", err, fields.Add(watermill.LogFields{"offset": cm.Offset}))
-				msg = nil
+				// It can never be read: handed out as it came, for the consumer to dead-letter.
+				logs.Warn(h.s.logger, "Cannot read a Kafka record, handing it out to be dead-lettered", err,
+					fields.Add(watermill.LogFields{"offset": cm.Offset}))
+				headers := make(map[string]string, len(cm.Headers))
+				for _, rh := range cm.Headers {
+					headers[string(rh.Key)] = string(rh.Value)
+				}
+				msg = brokerio.Undecodable(fmt.Sprintf("Kafka record %s/%d offset %d", cm.Topic, cm.Partition, cm.Offset), err, cm.Value, headers, kafka.UUIDHeaderKey)
 			}
 			out = append(out, &kafkaRecord{offset: cm.Offset})
-			if msg == nil {
-				apply(kafkaVerdict{offset: cm.Offset})
-				continue
-			}
 			cancel, ok := h.send(ctx, held, msg, cm.Offset < vouchFrom) // in offset order
 			if !ok {
 				out = out[:len(out)-1] // never handed out

@@ -21,6 +21,7 @@ import (
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
+	"github.com/outboxkit/outboxkit/internal/logs"
 )
 
 // natsStream names the stream of a topic: stream names cannot hold '.', which topics often do.
@@ -297,9 +298,7 @@ func (s *natsSubscriber) fetchAndDeliver(ctx context.Context, consumer jetstream
 		msg, cancel, ok := s.handOut(ctx, jm, out)
 		if !ok {
 			held.remove(jm)
-			if msg != nil {
-				_ = jm.Nak() // the subscription ended: back to the group at once
-			}
+			_ = jm.Nak() // the subscription ended: back to the group at once
 			<-window
 			continue
 		}
@@ -330,29 +329,40 @@ func (s *natsSubscriber) fetchAndDeliver(ctx context.Context, consumer jetstream
 func (s *natsSubscriber) deliver(ctx context.Context, jm jetstream.Msg, out chan<- *message.Message) bool {
 	msg, cancel, ok := s.handOut(ctx, jm, out)
 	if !ok {
-		return msg == nil // a message that cannot be read is settled (terminated)
+		return false
 	}
 	return s.settle(ctx, jm, msg, cancel)
 }
 
 // handOut reads one message and hands it to the consumer, with what ends the message's context;
-// false when it could not be read (terminated, msg nil) or the subscription ended first.
+// false when the subscription ended first. A message that cannot be read is handed out as it came
+// (brokerio.Undecodable), for the consumer to dead-letter.
 func (s *natsSubscriber) handOut(ctx context.Context, jm jetstream.Msg, out chan<- *message.Message) (
 	msg *message.Message, cancel context.CancelFunc, ok bool) {
+	meta, merr := jm.Metadata()
 	msg, err := wjs.DefaultUnmarshaler{}.Unmarshal(jm)
 	if err != nil {
-		s.logger.Error("Cannot unmarshal a JetStream message, terminating it", err, nil)
-		_ = jm.Term() // it can never be read: JetStream stops redelivering it
-		return nil, nil, false
-	}
-	// A message another producer wrote: its CloudEvents id, or its JetStream message id.
-	brokerio.AdoptForeign(msg, brokerio.MetadataAttrs(msg.Metadata, brokerio.CEPrefixNATS, brokerio.CEContentType))
-	if msg.UUID == "" {
-		msg.UUID = jm.Headers().Get(nats.MsgIdHdr)
+		// It can never be read: handed out as it came, for the consumer to dead-letter.
+		where := "a JetStream message on " + jm.Subject()
+		if merr == nil {
+			where = fmt.Sprintf("JetStream message %s sequence %d", meta.Stream, meta.Sequence.Stream)
+		}
+		logs.Warn(s.logger, "Cannot read a JetStream message, handing it out to be dead-lettered", err, watermill.LogFields{"message": where})
+		headers := map[string]string{}
+		for k, v := range jm.Headers() {
+			headers[k] = strings.Join(v, ", ")
+		}
+		msg = brokerio.Undecodable(where, err, jm.Data(), headers, wmnats.WatermillUUIDHdr)
+	} else {
+		// A message another producer wrote: its CloudEvents id, or its JetStream message id.
+		brokerio.AdoptForeign(msg, brokerio.MetadataAttrs(msg.Metadata, brokerio.CEPrefixNATS, brokerio.CEContentType))
+		if msg.UUID == "" {
+			msg.UUID = jm.Headers().Get(nats.MsgIdHdr)
+		}
 	}
 	// Ended once the message is settled (see settle), as Watermill's subscribers do.
 	msgCtx, cancel := context.WithCancel(ctx)
-	if meta, err := jm.Metadata(); err == nil {
+	if merr == nil {
 		// JetStream counts deliveries per consumer: 1 vouches for a first delivery to this group.
 		msgCtx = outboxkit.WithRedelivered(msgCtx, meta.NumDelivered > 1)
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"github.com/ThreeDotsLabs/watermill-redisstream/pkg/redisstream"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
+	"github.com/outboxkit/outboxkit/internal/logs"
 )
 
 // Liveness of a subscription. Each subscription reads as a Redis consumer of its own, whose name
@@ -341,10 +344,10 @@ func (r *redisSubscription) handOut(ctx context.Context, xms []redis.XMessage, r
 		}
 		msg, err := r.s.marshaller.Unmarshal(xm.Values)
 		if err != nil {
-			// It can never be read: acknowledged, so that it does not come back for ever.
-			r.s.logger.Error("Cannot read a Redis stream entry, acknowledging it", err, r.fields.Add(watermill.LogFields{"xid": xm.ID}))
-			r.acks <- xm.ID
-			continue
+			// It can never be read: handed out as it came, for the consumer to dead-letter.
+			logs.Warn(r.s.logger, "Cannot read a Redis stream entry, handing it out to be dead-lettered", err,
+				r.fields.Add(watermill.LogFields{"xid": xm.ID}))
+			msg = undecodableEntry(r.topic, xm, err)
 		}
 		free--
 		r.settling.Add(1)
@@ -532,4 +535,20 @@ func (r *redisSubscription) claimFrom(ctx context.Context, consumer string, minI
 			return nil
 		}
 	}
+}
+
+// undecodableEntry is the message handed out for an entry that cannot be read: its payload field
+// as the payload, its other fields as metadata.
+func undecodableEntry(topic string, xm redis.XMessage, err error) *message.Message {
+	var payload []byte
+	fields := make(map[string]string, len(xm.Values))
+	for k, v := range xm.Values {
+		s := fmt.Sprint(v)
+		if k == "payload" {
+			payload = []byte(s)
+			continue
+		}
+		fields[k] = s
+	}
+	return brokerio.Undecodable(fmt.Sprintf("Redis stream entry %s of %s", xm.ID, topic), err, payload, fields, redisstream.UUIDHeaderKey)
 }

@@ -239,6 +239,9 @@ func batchPoison[TTx any](t *testing.T, h Harness[TTx]) {
 	if len(letters) != 1 || letters[0].MessageID != poison || letters[0].Attempts != 1 || !strings.Contains(letters[0].Reason, "negative") {
 		t.Fatalf("dead letters %+v: want the poison alone, on its first delivery, with its reason", letters)
 	}
+	if letters[0].Topic != "orders" {
+		t.Fatalf("dead letter of topic %q, want the batch consumer's topic (a replay sends it there)", letters[0].Topic)
+	}
 	if n := e.MustInt(t, `SELECT count(*) FROM {{schema}}.inbox WHERE consumer = 'billing'`); n != 9 {
 		t.Fatalf("%d inbox rows, want 9", n)
 	}

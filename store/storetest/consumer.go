@@ -1245,4 +1245,20 @@ func messageWithoutID[TTx any](t *testing.T, h Harness[TTx]) {
 			t.Fatalf("dead letter %+v; want 1 delivery, a no-id: id and the reason", l)
 		}
 	}
+
+	// One its subscriber could not read (brokerio.Undecodable): dead-lettered with the subscriber's
+	// reason, the handler never run.
+	bad := message.NewMessage("", []byte(`{"id":"c"}`))
+	bad.Metadata.Set(outboxkit.MetadataUndecodable, "cannot read Redis stream entry 1-0 of orders: bad metadata")
+	if _, err := stack(bad); err != nil {
+		t.Fatalf("a message its subscriber could not read: %v; want it dead-lettered and acknowledged", err)
+	}
+	letters, err = e.Store.InboxDeadLetters(context.Background(), store.DeadLetterFilter{Consumer: "shipping", ReasonContains: "stream entry 1-0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(letters) != 1 || !strings.HasPrefix(letters[0].MessageID, "no-id:") || !strings.Contains(letters[0].Reason, "bad metadata") ||
+		!strings.Contains(letters[0].Reason, "fix its producer") || string(letters[0].Payload) != `{"id":"c"}` {
+		t.Fatalf("dead letters %+v; want the message as it came, under a no-id: id, with the subscriber's reason", letters)
+	}
 }
