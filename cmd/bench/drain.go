@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"runtime/pprof"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -63,28 +61,19 @@ func benchDrain(ctx context.Context, c config) ([]series, error) {
 	ours := series{Name: "outboxkit forwarder", Unit: "msg/s"}
 	stock := series{Name: "stock Watermill, tuned", Unit: "msg/s"}
 	stockDef := series{Name: "stock Watermill, defaults", Unit: "msg/s"}
-	var profile *os.File
-	if c.cpuProfile != "" {
-		if profile, err = os.Create(c.cpuProfile); err != nil {
-			return nil, err
-		}
-		defer profile.Close()
+	profile, err := openProfile(c.cpuProfile)
+	if err != nil {
+		return nil, err
 	}
+	defer profile.close()
 	for rep := 1; rep <= c.reps; rep++ {
 		r, err := drainRaw(ctx, c, rep)
 		if err != nil {
 			return nil, fmt.Errorf("raw drain: %w", err)
 		}
 		raw.add(r)
-		if profile != nil && rep == 1 {
-			if err := pprof.StartCPUProfile(profile); err != nil {
-				return nil, err
-			}
-		}
-		o, err := drainOutboxkit(ctx, c, pool, rep)
-		if profile != nil && rep == 1 {
-			pprof.StopCPUProfile()
-		}
+		var o float64
+		err = profile.during(rep == 1, func() (err error) { o, err = drainOutboxkit(ctx, c, pool, rep); return err })
 		if err != nil {
 			return nil, fmt.Errorf("outboxkit drain: %w", err)
 		}

@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"runtime/pprof"
 	"slices"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -40,26 +38,19 @@ func logLatency(ctx context.Context, c config, _ *pgxpool.Pool) ([]series, error
 			d50: series{Name: name + ", delivered to a raw consumer, p50", Unit: "ms"}, d99: series{Name: name + ", delivered to a raw consumer, p99", Unit: "ms"},
 			written: series{Name: name + ", written", Unit: "msg/s"}, stmts: series{Name: name + ", relay statements/event", Unit: ""}}
 	}
-	var profile *os.File
-	if c.cpuProfile != "" {
-		if profile, err = os.Create(c.cpuProfile); err != nil {
-			return nil, err
-		}
-		defer profile.Close()
+	profile, err := openProfile(c.cpuProfile)
+	if err != nil {
+		return nil, err
 	}
+	defer profile.close()
 	for rep := 1; rep <= c.reps; rep++ {
 		for i, impl := range logE2EImpls {
 			// --cpuprofile: the whole process (writers, relay, consumer) in the first round in WAL mode.
-			prof := profile != nil && rep == 1 && impl.log == "wal"
-			if prof {
-				if err := pprof.StartCPUProfile(profile); err != nil {
-					return nil, err
-				}
-			}
-			res, err := e2eOnce(ctx, c, pool, impl, at, c.e2eFor)
-			if prof {
-				pprof.StopCPUProfile()
-			}
+			var res e2eResult
+			err := profile.during(rep == 1 && impl.log == "wal", func() (err error) {
+				res, err = e2eOnce(ctx, c, pool, impl, at, c.e2eFor)
+				return err
+			})
 			if err != nil {
 				return nil, fmt.Errorf("%s at %d msg/s: %w", impl.name, at, err)
 			}

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"runtime/pprof"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -40,4 +42,37 @@ func storeIn(pool *pgxpool.Pool, schema string, cfg pgxstore.Config) *pgxstore.S
 		panic(err)
 	}
 	return s
+}
+
+// cpuProfile is --cpuprofile's file, which receives one CPU profile: of the measurement a
+// scenario picks. Its methods do nothing when no profile was asked for.
+type cpuProfile struct{ f *os.File }
+
+func openProfile(path string) (*cpuProfile, error) {
+	if path == "" {
+		return nil, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	return &cpuProfile{f: f}, nil
+}
+
+func (p *cpuProfile) close() {
+	if p != nil {
+		_ = p.f.Close()
+	}
+}
+
+// during runs fn, profiled when on.
+func (p *cpuProfile) during(on bool, fn func() error) error {
+	if p == nil || !on {
+		return fn()
+	}
+	if err := pprof.StartCPUProfile(p.f); err != nil {
+		return err
+	}
+	defer pprof.StopCPUProfile()
+	return fn()
 }

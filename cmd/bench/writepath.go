@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync"
@@ -116,13 +115,11 @@ func benchWritePath(ctx context.Context, c config) ([]series, error) {
 	if err != nil {
 		return nil, err
 	}
-	var profile *os.File
-	if c.cpuProfile != "" {
-		if profile, err = os.Create(c.cpuProfile); err != nil {
-			return nil, err
-		}
-		defer profile.Close()
+	profile, err := openProfile(c.cpuProfile)
+	if err != nil {
+		return nil, err
 	}
+	defer profile.close()
 	// --cpuprofile: the writers' side of the outbox row at 16 clients, first round.
 	fig, err := measureWrites(ctx, c, target, modes, clients, profile, modeOutbox)
 	if err != nil {
@@ -200,7 +197,7 @@ type writeFigures struct{ p50, p99, tps, mean map[writeKey]*series }
 // number of clients, the modes alternate, so each ratio pairs figures measured back to back.
 // profile, when set, receives a CPU profile of the first round's mode named profiled at 16 clients.
 func measureWrites(ctx context.Context, c config, target *writeTarget, modes []writeMode, clients []int,
-	profile *os.File, profiled string) (writeFigures, error) {
+	profile *cpuProfile, profiled string) (writeFigures, error) {
 	fig := writeFigures{p50: map[writeKey]*series{}, p99: map[writeKey]*series{}, tps: map[writeKey]*series{}, mean: map[writeKey]*series{}}
 	for mi, m := range modes {
 		for _, n := range clients {
@@ -214,16 +211,14 @@ func measureWrites(ctx context.Context, c config, target *writeTarget, modes []w
 	for rep := 1; rep <= c.reps; rep++ {
 		for _, n := range clients {
 			for mi, m := range modes {
-				prof := profile != nil && rep == 1 && n == 16 && m.name == profiled
-				if prof {
-					if err := pprof.StartCPUProfile(profile); err != nil {
-						return fig, err
-					}
-				}
-				lat, elapsed, err := target.load(ctx, m, n, c.writeFor)
-				if prof {
-					pprof.StopCPUProfile()
-				}
+				var (
+					lat     []time.Duration
+					elapsed time.Duration
+				)
+				err := profile.during(rep == 1 && n == 16 && m.name == profiled, func() (err error) {
+					lat, elapsed, err = target.load(ctx, m, n, c.writeFor)
+					return err
+				})
 				if err != nil {
 					return fig, fmt.Errorf("%s: %w", m.name, err)
 				}
