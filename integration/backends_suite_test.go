@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 
 	"github.com/outboxkit/outboxkit/backends"
 	_ "github.com/outboxkit/outboxkit/backends/allbackends" // every broker URL
@@ -326,5 +327,60 @@ func TestBackends_MalformedMessageIsDeadLettered(t *testing.T) {
 				})
 			})
 		}
+	}
+}
+
+// No goroutine of a subscriber, or of the backend, outlives their Close: a subscription that
+// handed out a message and one that was still subscribing in the background end with them. Not
+// parallel, so that no other test's goroutines are counted.
+func TestBackends_NoGoroutineOutlivesClose(t *testing.T) {
+	for _, bc := range backendCases {
+		if rawWriters[bc.scheme] == nil {
+			continue // the brokers with subscribers of outboxkit's own
+		}
+		t.Run(bc.scheme, func(t *testing.T) {
+			url := bc.url(t)
+			topic := testenv.UniqueName(t, "leak")
+			group := "billing"
+			dropWhenDone(t, bc.scheme, url, []string{topic}, []string{group})
+			before := goleak.IgnoreCurrent()
+			b, err := backends.Open(context.Background(), url, bc.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sub, err := b.NewSubscriber(group)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			msgs, err := sub.Subscribe(ctx, topic)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := sub.Subscribe(ctx, topic+"_other"); err != nil { // a second subscription, left running
+				t.Fatal(err)
+			}
+			dropWhenDone(t, bc.scheme, url, []string{topic + "_other"}, []string{group})
+			if err := b.Publisher.Publish(topic, message.NewMessage(watermill.NewUUID(), []byte(`{}`))); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case m := <-msgs:
+				m.Ack()
+			case <-time.After(60 * time.Second):
+				t.Fatal("no message within 60s")
+			}
+			if err := sub.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := b.Close(); err != nil {
+				t.Fatal(err)
+			}
+			// Sarama starts go-metrics' meter ticker once per process, for good.
+			if err := goleak.Find(before, goleak.IgnoreTopFunction("github.com/rcrowley/go-metrics.(*meterArbiter).tick")); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

@@ -103,7 +103,6 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	return &Subscriber{
 		cfg:       cfg,
 		marshaler: wamqp.DefaultMarshaler{PreprocessDelivery: stringifyHeaders},
-		closing:   make(chan struct{}),
 	}, nil
 }
 
@@ -112,18 +111,16 @@ type Subscriber struct {
 	cfg       SubscriberConfig
 	marshaler wamqp.DefaultMarshaler
 
-	mu      sync.Mutex
-	conn    *amqp.Connection
-	closed  bool
-	closing chan struct{}
-	wg      sync.WaitGroup
+	life brokerio.Lifetime
+	mu   sync.Mutex // guards conn
+	conn *amqp.Connection
 }
 
 // connection returns the live connection, dialing when there is none.
 func (s *Subscriber) connection() (*amqp.Connection, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.closed {
+	if s.life.Closed() { // Close closes the connection under mu after this: none is dialed after it
 		return nil, errors.New("amqp subscriber is closed")
 	}
 	if s.conn != nil && !s.conn.IsClosed() {
@@ -200,16 +197,12 @@ func (s *Subscriber) consume(topic string) (*amqp.Channel, <-chan amqp.Delivery,
 // Subscribe declares the queue and starts consuming before it returns, so a message published
 // after it is delivered. The channel closes when ctx ends or the subscriber is closed.
 func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if !s.life.Enter(1) {
 		return nil, errors.New("amqp subscriber is closed")
 	}
-	s.wg.Add(1)
-	s.mu.Unlock()
 	ch, deliveries, err := s.consume(topic)
 	if err != nil {
-		s.wg.Done()
+		s.life.Leave()
 		return nil, fmt.Errorf("amqp subscriber %s on %s: %w", s.cfg.Consumer, topic, err)
 	}
 	// With Unacked > 1 the channel holds what is handed out and not yet taken, so a consumer
@@ -217,7 +210,7 @@ func (s *Subscriber) Subscribe(ctx context.Context, topic string) (<-chan *messa
 	out := make(chan *message.Message, s.cfg.Unacked-1)
 	window := make(chan struct{}, s.cfg.Unacked) // a slot per message handed out and not settled
 	go func() {
-		defer s.wg.Done()
+		defer s.life.Leave()
 		defer close(out)
 		fields := watermill.LogFields{"topic": topic, "consumer": s.cfg.Consumer}
 		for {
@@ -239,7 +232,7 @@ func (s *Subscriber) forward(ctx context.Context, deliveries <-chan amqp.Deliver
 		select {
 		case <-ctx.Done():
 			return
-		case <-s.closing:
+		case <-s.life.Closing():
 			return
 		case d, ok := <-deliveries:
 			if !ok {
@@ -256,7 +249,7 @@ func (s *Subscriber) forward(ctx context.Context, deliveries <-chan amqp.Deliver
 			case <-ctx.Done():
 				_ = d.Nack(false, true)
 				return
-			case <-s.closing:
+			case <-s.life.Closing():
 				_ = d.Nack(false, true)
 				return
 			}
@@ -282,19 +275,17 @@ func (s *Subscriber) handOut(ctx context.Context, d amqp.Delivery, out chan<- *m
 		_ = d.Nack(false, true)
 		<-window
 		return false
-	case <-s.closing:
+	case <-s.life.Closing():
 		cancel()
 		_ = d.Nack(false, true)
 		<-window
 		return false
 	}
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
+	s.life.Go(func() {
 		defer func() { <-window }()
 		defer cancel()
 		s.settle(ctx, d, msg, fields)
-	}()
+	})
 	return true
 }
 
@@ -314,7 +305,7 @@ func (s *Subscriber) settle(ctx context.Context, d amqp.Delivery, msg *message.M
 	case <-ctx.Done():
 		_ = d.Nack(false, true)
 		return false
-	case <-s.closing:
+	case <-s.life.Closing():
 		_ = d.Nack(false, true)
 		return false
 	}
@@ -332,7 +323,7 @@ func (s *Subscriber) deliver(ctx context.Context, d amqp.Delivery, out chan<- *m
 	case <-ctx.Done():
 		_ = d.Nack(false, true)
 		return false
-	case <-s.closing:
+	case <-s.life.Closing():
 		_ = d.Nack(false, true)
 		return false
 	}
@@ -390,7 +381,7 @@ func (s *Subscriber) reconnect(ctx context.Context, topic string, fields watermi
 		select {
 		case <-ctx.Done():
 			return false
-		case <-s.closing:
+		case <-s.life.Closing():
 			return false
 		default:
 		}
@@ -405,7 +396,7 @@ func (s *Subscriber) reconnect(ctx context.Context, topic string, fields watermi
 		select {
 		case <-ctx.Done():
 			return false
-		case <-s.closing:
+		case <-s.life.Closing():
 			return false
 		case <-time.After(wait):
 		}
@@ -415,19 +406,12 @@ func (s *Subscriber) reconnect(ctx context.Context, topic string, fields watermi
 // Close ends every subscription (what they hold is requeued), waits for them and closes the
 // connection.
 func (s *Subscriber) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	return s.life.Close(func() error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.conn != nil && !s.conn.IsClosed() {
+			return s.conn.CloseDeadline(time.Now().Add(s.cfg.DialTimeout))
+		}
 		return nil
-	}
-	s.closed = true
-	close(s.closing)
-	s.mu.Unlock()
-	s.wg.Wait()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.conn != nil && !s.conn.IsClosed() {
-		return s.conn.CloseDeadline(time.Now().Add(s.cfg.DialTimeout))
-	}
-	return nil
+	})
 }

@@ -71,7 +71,7 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 		Lag:       klag.read,
 		NewSubscriber: func(group string) (backends.Subscriber, error) {
 			sub := &kafkaSubscriber{brokers: brokers, group: group, config: kafkaSubscriberConfig, marshaler: marshaler,
-				unacked: max(opts.Unacked, 1), instanceID: opts.KafkaInstanceID, logger: opts.Logger, closing: make(chan struct{})}
+				unacked: max(opts.Unacked, 1), instanceID: opts.KafkaInstanceID, logger: opts.Logger}
 			return brokerio.NewRetryingSubscriber(sub, group, classifyKafka, opts.Logger), nil
 		},
 		Close: []func() error{bounded.Close, klag.close},

@@ -59,11 +59,7 @@ type kafkaSubscriber struct {
 	// instanceID, when set, makes each subscription a static member, named instanceID.topic.
 	instanceID string
 	logger     watermill.LoggerAdapter
-
-	mu      sync.Mutex
-	closed  bool
-	closing chan struct{}
-	wg      sync.WaitGroup
+	life       brokerio.Lifetime
 }
 
 // Unacked is how many records of a partition a subscription hands out before the first is
@@ -89,26 +85,22 @@ func (s *kafkaSubscriber) SubscribeInitialize(topic string) error {
 // The channel closes when ctx ends or the subscriber is closed; records handed out and not
 // acknowledged by then are read again by the partition's next owner.
 func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if !s.life.Enter(1) {
 		return nil, errors.New("kafka subscriber is closed")
 	}
-	s.wg.Add(1)
-	s.mu.Unlock()
 	cfg := s.config()
 	if s.instanceID != "" {
 		cfg.Consumer.Group.InstanceId = s.instanceID + "." + topic
 	}
 	client, err := sarama.NewClient(s.brokers, cfg)
 	if err != nil {
-		s.wg.Done()
+		s.life.Leave()
 		return nil, classifyKafka(fmt.Errorf("kafka subscriber %s: connect: %w", s.group, err))
 	}
 	group, err := sarama.NewConsumerGroupFromClient(s.group, client)
 	if err != nil {
 		_ = client.Close()
-		s.wg.Done()
+		s.life.Leave()
 		return nil, classifyKafka(fmt.Errorf("kafka subscriber %s: %w", s.group, err))
 	}
 	out := make(chan *message.Message, s.unacked)
@@ -116,7 +108,7 @@ func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	h := &kafkaGroupHandler{s: s, ctx: sctx, client: client, topic: topic, out: out,
 		fields: watermill.LogFields{"topic": topic, "consumer_group": s.group}}
 	go func() {
-		defer s.wg.Done()
+		defer s.life.Leave()
 		defer close(out)
 		defer stop()
 		var loops sync.WaitGroup
@@ -125,7 +117,7 @@ func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 			defer loops.Done()
 			select {
 			case <-sctx.Done():
-			case <-s.closing:
+			case <-s.life.Closing():
 				stop()
 			}
 		}()
@@ -164,18 +156,7 @@ func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 var kafkaRetry = outboxkit.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2}
 
 // Close ends every subscription and waits for them.
-func (s *kafkaSubscriber) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.closing)
-	s.mu.Unlock()
-	s.wg.Wait()
-	return nil
-}
+func (s *kafkaSubscriber) Close() error { return s.life.Close(nil) }
 
 // kafkaGroupHandler is a subscription's sarama.ConsumerGroupHandler.
 type kafkaGroupHandler struct {

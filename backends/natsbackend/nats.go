@@ -81,7 +81,7 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 			}
 			unacked := max(opts.Unacked, 1)
 			sub := &natsSubscriber{conn: conn, js: js, group: group, streamConfig: streamConfig, ackWait: opts.AckWait,
-				batch: max(opts.Prefetch, unacked), unacked: unacked, logger: opts.Logger, closing: make(chan struct{})}
+				batch: max(opts.Prefetch, unacked), unacked: unacked, logger: opts.Logger}
 			return brokerio.NewRetryingSubscriber(sub, group, classifyNATS, opts.Logger), nil
 		},
 		Close: []func() error{pub.Close, lag.close},
@@ -118,11 +118,7 @@ type natsSubscriber struct {
 	batch        int
 	unacked      int
 	logger       watermill.LoggerAdapter
-
-	mu      sync.Mutex
-	closed  bool
-	closing chan struct{}
-	wg      sync.WaitGroup
+	life         brokerio.Lifetime
 }
 
 // natsSubscribeTimeout bounds the requests that make a subscription's stream and consumer.
@@ -170,30 +166,33 @@ func (s *natsSubscriber) SubscribeInitialize(topic string) error {
 }
 
 func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	// Admitted first: Close waits for a subscription being made, and then for its two goroutines.
+	if !s.life.Enter(2) {
 		return nil, errors.New("nats subscriber is closed")
+	}
+	fail := func(err error) (<-chan *message.Message, error) {
+		s.life.Leave()
+		s.life.Leave()
+		return nil, err
 	}
 	if !s.conn.IsConnected() {
 		// The JetStream requests below would wait for the reconnect until ctx ends (a router's
 		// never does): say the server is unreachable now, and the retrying subscriber hands out a
 		// channel at once and subscribes in the background.
-		return nil, outboxkit.Unreachable(fmt.Errorf("subscribe to %s: not connected to NATS (%v): %w", topic, s.conn.Status(), nats.ErrDisconnected))
+		return fail(outboxkit.Unreachable(fmt.Errorf("subscribe to %s: not connected to NATS (%v): %w", topic, s.conn.Status(), nats.ErrDisconnected)))
 	}
 	cctx, cancel := context.WithTimeout(ctx, natsSubscribeTimeout)
 	consumer, err := s.consumer(cctx, topic)
 	cancel()
 	if err != nil {
-		return nil, classifyNATS(err)
+		return fail(classifyNATS(err))
 	}
 	out := make(chan *message.Message)
 	sctx, stop := context.WithCancel(ctx)
 	held := &natsHeld{msgs: map[jetstream.Msg]struct{}{}}
 	reconnected := s.conn.StatusChanged(nats.CONNECTED)
-	s.wg.Add(2)
 	go func() { // ends the subscription with the subscriber; keeps held messages alive
-		defer s.wg.Done()
+		defer s.life.Leave()
 		defer s.conn.RemoveStatusListener(reconnected)
 		tick := time.NewTicker(max(s.ackWait/3, 10*time.Millisecond))
 		defer tick.Stop()
@@ -201,7 +200,7 @@ func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 			select {
 			case <-sctx.Done():
 				return
-			case <-s.closing:
+			case <-s.life.Closing():
 				stop()
 				return
 			case <-reconnected:
@@ -212,7 +211,7 @@ func (s *natsSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *m
 		}
 	}()
 	go func() {
-		defer s.wg.Done()
+		defer s.life.Leave()
 		defer close(out)
 		var settling sync.WaitGroup
 		defer settling.Wait()
@@ -434,17 +433,7 @@ func (h *natsHeld) inProgress() {
 
 // Close ends every subscription, waits for them, and closes the connection.
 func (s *natsSubscriber) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.closing)
-	s.mu.Unlock()
-	s.wg.Wait()
-	s.conn.Close()
-	return nil
+	return s.life.Close(func() error { s.conn.Close(); return nil })
 }
 
 // natsPublisher makes sure a topic's stream exists before publishing to it, so that messages are

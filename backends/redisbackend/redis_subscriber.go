@@ -68,17 +68,13 @@ type redisSubscriber struct {
 	claimAfter time.Duration
 	marshaller redisMarshaller
 	logger     watermill.LoggerAdapter
-
-	mu      sync.Mutex
-	closed  bool
-	closing chan struct{}
-	wg      sync.WaitGroup
+	life       brokerio.Lifetime
 }
 
 func newRedisSubscriber(newClient func() *redis.Client, group string, unacked int, claimAfter time.Duration, m redisMarshaller,
 	logger watermill.LoggerAdapter) *redisSubscriber {
 	return &redisSubscriber{client: newClient(), newClient: newClient, group: group, unacked: max(unacked, 1), claimAfter: claimAfter, marshaller: m,
-		logger: logger, closing: make(chan struct{})}
+		logger: logger}
 }
 
 // SubscribeInitialize creates the group on the topic's stream (the stream too, if need be),
@@ -104,18 +100,14 @@ func (s *redisSubscriber) Unacked() int { return s.unacked }
 // when ctx ends or the subscriber is closed; entries handed out and not acknowledged by then stay
 // pending and are taken over by a live member of the group within seconds.
 func (s *redisSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *message.Message, error) {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
+	if !s.life.Enter(1) {
 		return nil, errors.New("redis subscriber is closed")
 	}
-	s.wg.Add(1)
-	s.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	err := s.createGroup(cctx, topic)
 	cancel()
 	if err != nil {
-		s.wg.Done()
+		s.life.Leave()
 		return nil, err
 	}
 	var id [4]byte
@@ -134,11 +126,11 @@ func (s *redisSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if err := sub.heartbeat(sctx); err != nil {
 		stop()
 		_ = sub.client.Close()
-		s.wg.Done()
+		s.life.Leave()
 		return nil, classifyRedis(fmt.Errorf("subscribe to %s: %w", topic, err))
 	}
 	go func() {
-		defer s.wg.Done()
+		defer s.life.Leave()
 		defer stop()
 		sub.run(sctx, stop)
 	}()
@@ -146,18 +138,7 @@ func (s *redisSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 }
 
 // Close ends every subscription, waits for them and closes the client.
-func (s *redisSubscriber) Close() error {
-	s.mu.Lock()
-	if s.closed {
-		s.mu.Unlock()
-		return nil
-	}
-	s.closed = true
-	close(s.closing)
-	s.mu.Unlock()
-	s.wg.Wait()
-	return s.client.Close()
-}
+func (s *redisSubscriber) Close() error { return s.life.Close(s.client.Close) }
 
 // redisSubscription is one Subscribe: a consumer of the group of its own.
 type redisSubscription struct {
@@ -185,7 +166,7 @@ func (r *redisSubscription) run(ctx context.Context, stop context.CancelFunc) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-r.s.closing:
+			case <-r.s.life.Closing():
 				stop()
 				return
 			case <-tick.C:
