@@ -50,19 +50,14 @@ func TestAMQPPublisher_ChannelExceptionIsAMessageError(t *testing.T) {
 	t.Parallel()
 	url := testenv.AMQPURL(t)
 	topic := testenv.UniqueName(t, "direct")
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, _ := conn.Channel()
+	ch := amqpChannel(t, url)
 	// The exchange exists with another type: declaring it as fanout is refused with 406.
 	if err := ch.ExchangeDeclare(topic, "direct", true, false, false, false, nil); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { deleteExchange(t, url, topic) })
 	pub := amqpPublisher(t, url)
-	err = pub.Publish(topic, pipeline.NewEvent("E", "k", nil))
+	err := pub.Publish(topic, pipeline.NewEvent("E", "k", nil))
 	if err == nil || outboxkit.IsUnreachable(err) {
 		t.Fatalf("got %v; want a message error (the topic is misconfigured, the broker is fine)", err)
 	}

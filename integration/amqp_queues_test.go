@@ -27,16 +27,7 @@ func TestAMQP_QuorumQueues(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	conn, err := amqp.Dial(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = ch.QueueDeclare(topic+"_billing", true, false, false, false, amqp.Table{"x-queue-type": "classic"})
+	_, err := amqpChannel(t, url).QueueDeclare(topic+"_billing", true, false, false, false, amqp.Table{"x-queue-type": "classic"})
 	var ae *amqp.Error
 	if !errors.As(err, &ae) || ae.Code != amqp.PreconditionFailed {
 		t.Fatalf("declaring the group's queue as classic: %v; want PRECONDITION_FAILED, the queue being a quorum queue", err)

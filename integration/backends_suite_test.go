@@ -197,16 +197,7 @@ var rawWriters = map[string]func(t *testing.T, url, topic string) []malformed{
 	},
 	// Watermill's UUID header holding a number.
 	"amqp": func(t *testing.T, url, topic string) []malformed {
-		conn, err := amqp.Dial(url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		ch, err := conn.Channel()
-		if err != nil {
-			t.Fatal(err)
-		}
-		err = ch.PublishWithContext(context.Background(), topic, "", false, false, amqp.Publishing{
+		err := amqpChannel(t, url).PublishWithContext(context.Background(), topic, "", false, false, amqp.Publishing{
 			Headers: amqp.Table{"_watermill_message_uuid": int32(7)}, MessageId: "m-7", Body: []byte(`{"uuid":"a number"}`)})
 		if err != nil {
 			t.Fatal(err)

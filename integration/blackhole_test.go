@@ -20,7 +20,6 @@ import (
 func TestBlackHole_ConnectionsStayBounded(t *testing.T) {
 	cases := []struct {
 		name, scheme string
-		proxy        func(t *testing.T) (*testenv.Proxy, string)
 		// most connections the client may open during the black hole, and hold after it
 		opened, held int
 	}{
@@ -28,16 +27,15 @@ func TestBlackHole_ConnectionsStayBounded(t *testing.T) {
 		// that time out in the black hole (after go-redis's 3 s read timeout) are replaced once.
 		// go-redis's defaults held 22 and opened 21 more on 2 CPUs (10 a CPU), where the pool was
 		// not capped.
-		{"redis", "redis", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.RedisURL(t)) },
-			redisbackend.DefaultPoolSize + 5, redisbackend.DefaultPoolSize + 5},
+		{"redis", "redis", redisbackend.DefaultPoolSize + 5, redisbackend.DefaultPoolSize + 5},
 		// One connection each for the relay and the consumer.
-		{"amqp", "amqp", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.AMQPURL(t)) }, 2, 2},
-		{"nats", "nats", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.NATSURL(t)) }, 2, 2},
+		{"amqp", "amqp", 2, 2},
+		{"nats", "nats", 2, 2},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			proxy, url := c.proxy(t)
+			proxy, url := brokerBehindProxy(t, c.scheme)
 			pg := testenv.NewPG(t)
 			db := pgDB(pg)
 			b := openBackend(t, url, backends.Options{})

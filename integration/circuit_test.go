@@ -16,25 +16,16 @@ import (
 // through the test's own proxy cut, new ones refused) lasts 8 s, well past the circuit's opening.
 // No row is charged an attempt for it.
 func TestCircuit_PublishingResumesWithinASecondOfTheBrokersReturn(t *testing.T) {
-	cases := []struct {
-		name, scheme string
-		proxy        func(t *testing.T) (*testenv.Proxy, string)
-	}{
-		{"amqp", "amqp", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.AMQPURL(t)) }},
-		{"nats", "nats", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.NATSURL(t)) }},
-		{"redis", "redis", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.RedisURL(t)) }},
-		{"kafka", "kafka", kafkaBehindProxy},
-	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
+	for _, scheme := range []string{"amqp", "nats", "redis", "kafka"} {
+		t.Run(scheme, func(t *testing.T) {
 			t.Parallel()
-			proxy, url := c.proxy(t)
+			proxy, url := brokerBehindProxy(t, scheme)
 			pg := testenv.NewPG(t)
 			db := pgDB(pg)
 			b := openBackend(t, url, backends.Options{})
 			topic := testenv.UniqueName(t, "circuit") + ".placed"
-			dropWhenDone(t, c.scheme, url, []string{topic}, []string{"app"})
-			if c.scheme == "amqp" {
+			dropWhenDone(t, scheme, url, []string{topic}, []string{"app"})
+			if scheme == "amqp" {
 				testenv.DeclareQueue(t, testenv.AMQPURL(t), topic, "app")
 			}
 			relay := newRelay(t, db, b.Publisher, func(cfg *forwarder.Config) {
@@ -62,7 +53,7 @@ func TestCircuit_PublishingResumesWithinASecondOfTheBrokersReturn(t *testing.T) 
 			back := time.Now()
 			testenv.Eventually(t, 60*time.Second, "the rows written during the outage to be published", func() bool { return published() == 40 })
 			resumed := time.Since(back)
-			t.Logf("%s: the backlog was published %s after the broker came back (outage %s)", c.name,
+			t.Logf("%s: the backlog was published %s after the broker came back (outage %s)", scheme,
 				resumed.Round(10*time.Millisecond), back.Sub(cut).Round(100*time.Millisecond))
 			// Generous for a loaded machine; the backoff alone would have waited 30 s.
 			if resumed > 5*time.Second {

@@ -20,25 +20,23 @@ import (
 // for a while mid-stream: nothing is lost, nothing is applied twice, and the pipeline resumes by
 // itself once the broker answers again - no restart, no operator.
 func TestDisconnect_EveryBackendResumesByItself(t *testing.T) {
-	amqpProxy := func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.AMQPURL(t)) }
 	cases := []struct {
 		name, scheme string
-		proxy        func(t *testing.T) (*testenv.Proxy, string)
 		opts         backends.Options
 		consumer     []effectConsumerOpt
 	}{
-		{"amqp", "amqp", amqpProxy, backends.Options{}, nil},
+		{"amqp", "amqp", backends.Options{}, nil},
 		// A batch consumer loses its connection with a batch in hand: the batch's acks are lost, the
 		// broker delivers it again, the inbox absorbs what had committed.
-		{"amqp batched", "amqp", amqpProxy, backends.Options{Unacked: 50}, []effectConsumerOpt{withBatch(50)}},
-		{"nats", "nats", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.NATSURL(t)) }, backends.Options{AckWait: 2 * time.Second}, nil},
-		{"redis", "redis", func(t *testing.T) (*testenv.Proxy, string) { return testenv.ProxyURL(t, testenv.RedisURL(t)) }, backends.Options{ClaimAfter: 2 * time.Second}, nil},
-		{"kafka", "kafka", kafkaBehindProxy, backends.Options{}, nil},
+		{"amqp batched", "amqp", backends.Options{Unacked: 50}, []effectConsumerOpt{withBatch(50)}},
+		{"nats", "nats", backends.Options{AckWait: 2 * time.Second}, nil},
+		{"redis", "redis", backends.Options{ClaimAfter: 2 * time.Second}, nil},
+		{"kafka", "kafka", backends.Options{}, nil},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			proxy, url := c.proxy(t)
+			proxy, url := brokerBehindProxy(t, c.scheme)
 			runDisconnect(t, c.scheme, proxy, url, c.opts, c.consumer...)
 		})
 	}
@@ -90,6 +88,24 @@ func runDisconnect(t *testing.T, scheme string, proxy *testenv.Proxy, url string
 // kafkaBehindProxy starts a kfake broker of the test's own that tells its clients to dial a proxy
 // in front of it: Kafka clients connect to the address the broker advertises, so a proxy in front
 // of the shared broker would only cut the first connection.
+// brokerBehindProxy is the shared broker of scheme (amqp, nats, redis, kafka) behind a proxy of the
+// test's own, and the URL that reaches it through the proxy.
+func brokerBehindProxy(t *testing.T, scheme string) (*testenv.Proxy, string) {
+	t.Helper()
+	switch scheme {
+	case "amqp":
+		return testenv.ProxyURL(t, testenv.AMQPURL(t))
+	case "nats":
+		return testenv.ProxyURL(t, testenv.NATSURL(t))
+	case "redis":
+		return testenv.ProxyURL(t, testenv.RedisURL(t))
+	case "kafka":
+		return kafkaBehindProxy(t)
+	}
+	t.Fatalf("no proxy for %s", scheme)
+	return nil, ""
+}
+
 func kafkaBehindProxy(t *testing.T) (*testenv.Proxy, string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"fmt"
+	amqp "github.com/rabbitmq/amqp091-go"
 	"strconv"
 	"testing"
 	"time"
@@ -39,6 +40,22 @@ func keys(n int) []string {
 		out[i] = fmt.Sprintf("key-%03d", i)
 	}
 	return out
+}
+
+// amqpChannel opens a channel on a connection of the test's own to the RabbitMQ at url, closed
+// when the test ends.
+func amqpChannel(t testing.TB, url string) *amqp.Channel {
+	t.Helper()
+	conn, err := amqp.Dial(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ch
 }
 
 func amqpPublisher(t testing.TB, url string) *amqpbackend.Publisher {
