@@ -34,6 +34,7 @@ type dispatcher struct {
 	confirmable pglogrepl.LSN // the end of the last transaction left entirely behind
 	flushedLSN  pglogrepl.LSN
 	pendingDel  []string // published rows' uuids, removed at the next flush
+	pendingXids []uint32 // their writers' transaction ids (0s left out), see flush
 	lastFlush   time.Time
 	pauseUntil  time.Time // the broker circuit's probe time
 	bad         []*entry  // messages that do not decode, to dead-letter
@@ -288,6 +289,7 @@ func (d *dispatcher) deadLetterBad(ctx context.Context) error {
 type deadRow struct {
 	row     store.OutboxRow
 	delKey  string // the outbox row's uuid; "" for an event of the log, written as a row
+	xid     uint32 // the row's writer, see flush
 	errText string
 	at      time.Time
 }
@@ -296,7 +298,7 @@ type deadRow struct {
 // written in the transaction of the next checkpoint, which is the first to move past it — so the
 // slot never moves past a dead letter that was not written.
 func (d *dispatcher) deadLetter(_ context.Context, e *entry, errText string) error {
-	d.pendingDead = append(d.pendingDead, deadRow{row: e.row, delKey: e.delKey, errText: errText, at: d.s.r.fcfg.Now()})
+	d.pendingDead = append(d.pendingDead, deadRow{row: e.row, delKey: e.delKey, xid: e.xid, errText: errText, at: d.s.r.fcfg.Now()})
 	return nil
 }
 
@@ -351,7 +353,7 @@ func (d *dispatcher) advance() {
 		if e.end > 0 {
 			d.confirmable = max(d.confirmable, e.end)
 		} else if e.delKey != "" {
-			d.pendingDel = append(d.pendingDel, e.delKey)
+			d.queueDelete(e)
 		}
 		d.fifo[d.head] = nil
 		d.head++
@@ -392,7 +394,7 @@ func (d *dispatcher) compact() {
 			}
 			keep.extra += 1 + e.extra
 			if e.end == 0 && e.delKey != "" {
-				d.pendingDel = append(d.pendingDel, e.delKey)
+				d.queueDelete(e)
 			}
 		}
 		kept = append(kept, keep)
@@ -425,15 +427,32 @@ func (d *dispatcher) flush(ctx context.Context) error {
 	r := d.s.r
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	checkpoint := fmt.Sprintf(`WITH removed AS (DELETE FROM %s WHERE uuid = ANY($1::uuid[]) AND dead_lettered_at IS NULL)
-		INSERT INTO %s AS c (name, slot_name, mode, confirmed_lsn) VALUES ($2, $3, $4, $5::text::pg_lsn)
-		ON CONFLICT (name) DO UPDATE SET confirmed_lsn = GREATEST(c.confirmed_lsn, excluded.confirmed_lsn), mode = excluded.mode, updated_at = now()`,
+	checkpoint := fmt.Sprintf(`WITH removed AS (DELETE FROM %s WHERE uuid = ANY($1::uuid[]) AND dead_lettered_at IS NULL RETURNING 1),
+		saved AS (INSERT INTO %s AS c (name, slot_name, mode, confirmed_lsn) VALUES ($2, $3, $4, $5::text::pg_lsn)
+		ON CONFLICT (name) DO UPDATE SET confirmed_lsn = GREATEST(c.confirmed_lsn, excluded.confirmed_lsn), mode = excluded.mode, updated_at = now())
+		SELECT count(*) FROM removed`,
 		r.table("outbox"), r.table("log_relays"))
-	args := []any{d.pendingDel, r.fcfg.Name, r.cfg.SlotName, string(r.cfg.Mode), d.confirmable.String()}
+	del := d.pendingDel
+	if r.hooks.hideRows > 0 && len(del) > 0 {
+		r.hooks.hideRows--
+		del = nil // as a snapshot that does not see them yet
+	}
+	args := []any{del, r.fcfg.Name, r.cfg.SlotName, string(r.cfg.Mode), d.confirmable.String()}
+	var removed int
 	var err error
 	if len(d.pendingDead) == 0 {
-		_, err = r.cfg.Pool.Exec(fctx, checkpoint, args...)
+		err = r.cfg.Pool.QueryRow(fctx, checkpoint, args...).Scan(&removed)
 	} else {
+		// A dead letter is an UPDATE of its row, which must see it (see below).
+		var xids []uint32
+		for _, dl := range d.pendingDead {
+			if dl.delKey != "" && dl.xid != 0 {
+				xids = append(xids, dl.xid)
+			}
+		}
+		if err := d.waitVisible(fctx, xids); err != nil {
+			return err
+		}
 		// The dead letters and the checkpoint that moves past them, in one transaction.
 		err = pgx.BeginFunc(fctx, r.cfg.Pool, func(tx pgx.Tx) error {
 			for _, dl := range d.pendingDead {
@@ -441,17 +460,32 @@ func (d *dispatcher) flush(ctx context.Context) error {
 					return err
 				}
 			}
-			_, err := tx.Exec(fctx, checkpoint, args...)
-			return err
+			return tx.QueryRow(fctx, checkpoint, args...).Scan(&removed)
 		})
 	}
 	if err != nil {
 		return fmt.Errorf("remove published outbox rows and record the checkpoint: %w", err)
 	}
+	if removed < len(d.pendingDel) {
+		// Fewer rows removed than published. The server sends a transaction once its commit record
+		// is flushed, a moment before the commit is visible to other sessions: a DELETE in that
+		// moment misses the row, which would stay in the table forever once the position passes
+		// it. (A row read twice, or removed by an earlier session that died before confirming,
+		// also counts short; removing again is harmless.) Wait until every writer's commit is
+		// visible, then remove again; only then is the server told.
+		if err := d.waitVisible(fctx, d.pendingXids); err != nil {
+			return err
+		}
+		_, err := r.cfg.Pool.Exec(fctx, fmt.Sprintf(`DELETE FROM %s WHERE uuid = ANY($1::uuid[]) AND dead_lettered_at IS NULL`,
+			r.table("outbox")), d.pendingDel)
+		if err != nil {
+			return fmt.Errorf("remove published outbox rows: %w", err)
+		}
+	}
 	if len(d.pendingDel) > 4096 {
-		d.pendingDel = nil
+		d.pendingDel, d.pendingXids = nil, nil
 	} else {
-		d.pendingDel = d.pendingDel[:0]
+		d.pendingDel, d.pendingXids = d.pendingDel[:0], d.pendingXids[:0]
 	}
 	d.pendingDead = nil
 	d.flushedLSN = d.confirmable
@@ -459,4 +493,53 @@ func (d *dispatcher) flush(ctx context.Context) error {
 	d.s.flushed.Store(d.popped)
 	r.log.Trace("Log relay flushed", r.fields.Add(watermill.LogFields{"confirmed": d.confirmable.String()}))
 	return nil
+}
+
+// queueDelete queues a published row's removal at the next flush.
+func (d *dispatcher) queueDelete(e *entry) {
+	d.pendingDel = append(d.pendingDel, e.delKey)
+	if e.xid != 0 && (len(d.pendingXids) == 0 || d.pendingXids[len(d.pendingXids)-1] != e.xid) {
+		d.pendingXids = append(d.pendingXids, e.xid)
+	}
+}
+
+// waitVisible returns once no transaction of xids is still running in a new snapshot: their
+// commits, which the log has sent, are then visible to the relay's statements. It asks again every
+// few milliseconds; a commit is visible a moment after the log sends it, so a wait of seconds is an
+// error (the session restarts and reads again from the confirmed position).
+func (d *dispatcher) waitVisible(ctx context.Context, xids []uint32) error {
+	if len(xids) == 0 {
+		return nil
+	}
+	ids := make([]int64, len(xids))
+	for i, x := range xids {
+		ids[i] = int64(x)
+	}
+	const limit = 10 * time.Second
+	deadline := time.Now().Add(limit)
+	for {
+		var running int
+		// pgoutput sends 32-bit transaction ids; the snapshot's are 64-bit (epoch and id): an id
+		// takes the epoch of the snapshot's xmax, or the one before when that puts it above xmax.
+		// A transaction is running for the snapshot when it is at or above xmax, or in its list.
+		err := d.s.r.cfg.Pool.QueryRow(ctx, `WITH s AS (SELECT txid_current_snapshot() AS snap),
+			e AS (SELECT snap, txid_snapshot_xmax(snap) AS xmax, txid_snapshot_xmax(snap) / 4294967296 * 4294967296 AS epoch FROM s)
+			SELECT count(*) FROM e, unnest($1::bigint[]) AS id
+			WHERE NOT txid_visible_in_snapshot(CASE WHEN e.epoch + id > e.xmax AND e.epoch > 0 THEN e.epoch + id - 4294967296 ELSE e.epoch + id END, e.snap)`,
+			ids).Scan(&running)
+		if err != nil {
+			return fmt.Errorf("check that the published rows' transactions are visible: %w", err)
+		}
+		if running == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d transactions the log sent as committed are still running after %s: cannot remove their rows", running, limit)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }

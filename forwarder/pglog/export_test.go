@@ -1,5 +1,16 @@
 package pglog
 
+import "context"
+
 // CrashOnStop makes Run end, when its context ends, as a killed process would: nothing flushed,
 // nothing confirmed.
 func CrashOnStop(r *Relay) { r.hooks.crash = true }
+
+// HideRowsFromFlushes makes r's next n flushes that remove rows remove none, as a snapshot taken
+// before the rows' commits were visible would.
+func HideRowsFromFlushes(r *Relay, n int) { r.hooks.hideRows = n }
+
+// WaitVisible is the dispatcher's wait for transactions the log sent as committed.
+func WaitVisible(ctx context.Context, r *Relay, xids []uint32) error {
+	return (&dispatcher{s: &session{r: r}}).waitVisible(ctx, xids)
+}

@@ -136,6 +136,8 @@ type hooks struct {
 	// crash makes Run return at ctx's end without its last flush and acknowledgement, as a
 	// killed process would.
 	crash bool
+	// hideRows makes that many flushes remove no row, as a snapshot that does not see them yet.
+	hideRows int
 }
 
 // New validates cfg and builds a Relay. It does not touch the database.

@@ -31,6 +31,9 @@ type item struct {
 	end    pglogrepl.LSN // > 0: a transaction's end
 	lsn    pglogrepl.LSN // a message's position, to name it
 	bad    error         // a message with the outbox's prefix that does not decode
+	// xid is the writing transaction's id (its low 32 bits, as pgoutput sends it) for a row read
+	// from the log; 0 for a row read from the table (a backfill), visible by then.
+	xid uint32
 }
 
 // session is one replication connection's life: set the slot up (backfilling after a lost one),
@@ -388,6 +391,7 @@ type decoder struct {
 	relations  map[uint32]*pglogrepl.RelationMessage
 	types      *pgtype.Map
 	commitTime time.Time
+	xid        uint32 // the transaction's id
 }
 
 func newDecoder(r *Relay) *decoder {
@@ -395,7 +399,7 @@ func newDecoder(r *Relay) *decoder {
 }
 
 func (d *decoder) begin(m *pglogrepl.BeginMessage) {
-	d.commitTime, d.finalLSN, d.idx = m.CommitTime, m.FinalLSN, 0
+	d.commitTime, d.finalLSN, d.idx, d.xid = m.CommitTime, m.FinalLSN, 0, m.Xid
 }
 
 // insert decodes an INSERT into the outbox; ok is false for other tables and for rows that are
@@ -461,7 +465,7 @@ func (d *decoder) insert(m *pglogrepl.InsertMessage) (it item, ok bool, err erro
 	if uuidText != nil {
 		row.UUID = *uuidText
 	}
-	return item{row: row, delKey: *uuidKey}, true, nil
+	return item{row: row, delKey: *uuidKey, xid: d.xid}, true, nil
 }
 
 // message decodes a logical decoding message: ok is false for other prefixes. One with the
