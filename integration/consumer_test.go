@@ -198,7 +198,8 @@ func TestConsumer_RedeliveryIsCounted(t *testing.T) {
 
 // Failure matrix, "poison message that kills the process": the consumer process exits inside the
 // handler; the test restarts it. The message is dead-lettered once it has been delivered more than
-// MaxDeliveries = 3 times, and the consumer then drains the rest.
+// MaxDeliveries = 3 times and crashed the process once more on its attempt alone in it, and the
+// consumer then drains the rest.
 func TestConsumer_MessageThatKillsTheProcess(t *testing.T) {
 	t.Parallel()
 	pg := testenv.NewPG(t)
@@ -226,15 +227,15 @@ func TestConsumer_MessageThatKillsTheProcess(t *testing.T) {
 		}
 		break
 	}
-	if crashes != 3 {
-		t.Fatalf("the consumer crashed %d times, want MaxDeliveries = 3 before the dead-letter", crashes)
+	if crashes != 4 {
+		t.Fatalf("the consumer crashed %d times, want MaxDeliveries = 3, and once alone, before the dead-letter", crashes)
 	}
 	var reason string
 	if err := pg.Pool.QueryRow(context.Background(), pg.Schema.Render(
 		`SELECT reason FROM {{schema}}.dead_letters WHERE message_id = $1`), msgs[0].UUID).Scan(&reason); err != nil {
 		t.Fatalf("the crashing message was not dead-lettered: %v", err)
 	}
-	if !strings.Contains(reason, "delivered 4 times without finishing") {
+	if !strings.Contains(reason, "delivered 5 times without finishing") || !strings.Contains(reason, "alone in the process") {
 		t.Fatalf("reason %q", reason)
 	}
 	waitEffects(t, pg, "crashy", 20)

@@ -345,6 +345,12 @@ var errPastDedupWindow = errors.New("a message older than the dedup window")
 // nil: every delivery is settled and may be acknowledged.
 func (c *BatchConsumer) inTransaction(run []*message.Message) (err error) {
 	ctx := run[0].Context()
+	// A batch runs with the process's other deliveries, never beside a suspect running alone.
+	release, err := holdShared(ctx)
+	if err != nil {
+		return err
+	}
+	defer release()
 	session := c.cfg.Store.Session()
 	tx, err := session.BeginInbox(ctx)
 	if err != nil {

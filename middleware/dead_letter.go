@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -29,11 +30,20 @@ type DeadLetterConfig struct {
 	Consumer string
 
 	// MaxDeliveries is how many deliveries a message gets: it is dead-lettered when the handler
-	// fails on the last one, or before the handler runs when it arrives more often than that (the
-	// earlier deliveries never finished: the handler may be crashing the process). It needs
-	// DeliveryCount further out in the stack; without it only permanent errors dead-letter.
+	// fails on the last one. A message that arrives more often than that, unprocessed, never
+	// finished its earlier deliveries — but a process that dies takes every delivery it had in
+	// flight with it, so the one that crashed it cannot be told from the others yet: the suspect
+	// gets one more attempt, alone in the process (see SoloWait), recorded before it starts. If it
+	// comes back from that attempt unfinished, it crashed the process by itself and is
+	// dead-lettered before the handler runs; a crashing message is therefore dead-lettered on
+	// delivery MaxDeliveries + 2, after MaxDeliveries + 1 attempts. It needs DeliveryCount further
+	// out in the stack; without it only permanent errors dead-letter.
 	// Default DefaultMaxDeliveries (5).
 	MaxDeliveries int
+	// SoloWait bounds how long a suspect (see MaxDeliveries) waits for the process's other
+	// deliveries to end before its attempt alone; past it, it is not run but returned with an
+	// error, and tried again on its redelivery. Default DefaultSoloWait (1 minute).
+	SoloWait time.Duration
 
 	// DisableTable stops dead-lettered messages from being stored in the dead_letters table, from
 	// which ReplayInboxDeadLetters re-publishes them. Default false: they are stored. At least one of
@@ -71,6 +81,9 @@ func (c DeadLetterConfig) withDefaults() DeadLetterConfig {
 	if c.MaxDeliveries == 0 {
 		c.MaxDeliveries = DefaultMaxDeliveries
 	}
+	if c.SoloWait == 0 {
+		c.SoloWait = DefaultSoloWait
+	}
 	if c.IsUnreachable == nil {
 		c.IsUnreachable = IsUnreachableIn(c.Store)
 	}
@@ -88,6 +101,9 @@ func (c DeadLetterConfig) validate() error {
 	if c.MaxDeliveries < 1 {
 		errs = append(errs, fmt.Errorf("field MaxDeliveries must be at least 1, got %d", c.MaxDeliveries))
 	}
+	if c.SoloWait < 0 {
+		errs = append(errs, fmt.Errorf("field SoloWait must not be negative, got %s", c.SoloWait))
+	}
 	if (c.DeadLetterPublisher == nil) != (c.DeadLetterTopic == "") {
 		errs = append(errs, errors.New("fields DeadLetterPublisher and DeadLetterTopic go together: set both or neither"))
 	}
@@ -103,8 +119,9 @@ type deadLettered struct{ reason string }
 func (q *deadLettered) Error() string { return "dead-lettered: " + q.reason }
 
 // NewDeadLetter dead-letters a message that cannot be processed — one the handler failed with a
-// permanent error, failed on its last allowed delivery, or never finished within MaxDeliveries —
-// and acknowledges it, so the queue keeps flowing behind it. A message delivered more often than
+// permanent error, failed on its last allowed delivery, or that crashed the process (it never
+// finished within MaxDeliveries, nor its one attempt alone in the process after them) — and
+// acknowledges it, so the queue keeps flowing behind it. A message delivered more often than
 // MaxDeliveries that was in fact processed (duplicates) is acknowledged as a duplicate instead.
 // Other errors are returned, so the message is retried. If storing or sending the dead-lettered
 // message fails, the message is not acknowledged: nothing is ever dropped.
@@ -145,11 +162,89 @@ func (dl *deadLetter) handle(h message.HandlerFunc, msg *message.Message) ([]*me
 			d.duplicate = true
 			return nil, nil
 		}
-		return nil, dl.deadLetter(msg, d, fmt.Sprintf(
-			"delivered %d times without finishing (at most %d allowed): the handler may be crashing the process",
-			d.count, dl.cfg.MaxDeliveries))
+		return dl.alone(h, msg, d)
+	}
+	out, err := dl.beside(h, msg)
+	if errors.Is(err, errGateNotTaken) {
+		return nil, err
+	}
+	return dl.settle(msg, d, out, err)
+}
+
+// errGateNotTaken: the delivery ended while it waited for a suspect running alone; the handler did
+// not run.
+var errGateNotTaken = errors.New("the delivery ended while it waited for a message running alone in the process")
+
+// beside runs the handler with the process's other deliveries, not beside a suspect running alone.
+// The gate is released even if the handler panics (a recoverer further out may keep the process).
+func (dl *deadLetter) beside(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
+	release, err := holdShared(msg.Context())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", errGateNotTaken, err)
+	}
+	defer release()
+	return h(msg)
+}
+
+// alone runs a suspect — a message delivered more than MaxDeliveries times without finishing —
+// with no other delivery of the process running, after recording that it started: every earlier
+// delivery may have died with a process another message crashed, but if this one does not finish
+// either, the crash was its own.
+func (dl *deadLetter) alone(h message.HandlerFunc, msg *message.Message, d *delivery) ([]*message.Message, error) {
+	ctx := msg.Context()
+	wait, cancel := context.WithTimeout(ctx, dl.cfg.SoloWait)
+	release, err := holdAlone(wait)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("message %s, delivered %d times without finishing, was to run alone in the process "+
+			"to tell whether it crashes it, but other deliveries still ran after %s; it is tried again on its redelivery",
+			msg.UUID, d.count, dl.cfg.SoloWait)
+	}
+	defer release()
+	key := soloKey(msg.UUID)
+	if !d.soloStarted {
+		// Committed before the handler runs, as the delivery count is: a crash leaves it behind.
+		marker, attempts, err := dl.cfg.Store.LockMessage(ctx, dl.cfg.Consumer, key, store.Count{Now: dl.cfg.Now(), First: 1})
+		if err != nil {
+			return nil, fmt.Errorf("record the attempt alone of message %s: %w", msg.UUID, err)
+		}
+		marker.Unlock(ctx)
+		if attempts > 1 {
+			err := dl.deadLetter(msg, d, fmt.Sprintf(
+				"delivered %d times without finishing (at most %d allowed), the last attempt alone in the process: "+
+					"the handler crashes the process", d.count, dl.cfg.MaxDeliveries))
+			if d.deadLettered {
+				dl.forgetAlone(ctx, msg.UUID)
+			}
+			return nil, err
+		}
+		d.soloStarted = true // an in-process retry of this delivery is the same attempt
 	}
 	out, err := h(msg)
+	// It finished: whatever comes next, it did not crash the process.
+	d.soloStarted = !dl.forgetAlone(ctx, msg.UUID)
+	return dl.settle(msg, d, out, err)
+}
+
+// forgetAlone removes the record of a suspect's attempt alone. Left behind, it would dead-letter
+// the message at its next suspicion without another attempt; a replay removes it too.
+func (dl *deadLetter) forgetAlone(ctx context.Context, messageID string) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := dl.cfg.Store.ResetDeliveries(ctx, dl.cfg.Consumer, soloKey(messageID)); err != nil {
+		dl.cfg.Logger.Error("Cannot remove the record of a message's attempt alone", err, watermill.LogFields{
+			"consumer": dl.cfg.Consumer, "message_uuid": messageID,
+		})
+		return false
+	}
+	return true
+}
+
+// settle dead-letters what the handler's outcome calls for, and returns the rest.
+func (dl *deadLetter) settle(msg *message.Message, d *delivery, out []*message.Message, err error) ([]*message.Message, error) {
 	switch {
 	case err == nil:
 		return out, nil

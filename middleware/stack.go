@@ -21,8 +21,13 @@ type StackConfig struct {
 	// Consumer names the consuming service (Shipping, Billing…). Required; it must not change.
 	Consumer string
 
-	// MaxDeliveries before a message is dead-lettered. Default DefaultMaxDeliveries (5).
+	// MaxDeliveries before a message is dead-lettered (see DeadLetterConfig.MaxDeliveries: one that
+	// crashes the process gets one more attempt, alone in the process). Default
+	// DefaultMaxDeliveries (5).
 	MaxDeliveries int
+	// SoloWait bounds a suspect's wait to run alone: see DeadLetterConfig.SoloWait. Default
+	// DefaultSoloWait (1 minute).
+	SoloWait time.Duration
 	// MaxRetries in-process before the error goes out. Default DefaultMaxRetries (3); -1 for none.
 	MaxRetries int
 	// RetryBackoff spaces the in-process retries. Default DefaultRetryBackoff.
@@ -99,7 +104,7 @@ func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 	add(NewDeliveryCount(DeliveryCountConfig{Store: cfg.Store, Consumer: cfg.Consumer,
 		Now: cfg.Now, Logger: cfg.Logger, CountFirstDeliveries: cfg.CountFirstDeliveries, IsUnreachable: cfg.IsUnreachable}))
 	add(NewDeadLetter(DeadLetterConfig{Store: cfg.Store, Consumer: cfg.Consumer,
-		MaxDeliveries: cfg.MaxDeliveries, DeadLetterPublisher: cfg.DeadLetterPublisher, DeadLetterTopic: cfg.DeadLetterTopic,
+		MaxDeliveries: cfg.MaxDeliveries, SoloWait: cfg.SoloWait, DeadLetterPublisher: cfg.DeadLetterPublisher, DeadLetterTopic: cfg.DeadLetterTopic,
 		PoisonPublisher: cfg.PoisonPublisher, PoisonTopic: cfg.PoisonTopic,
 		IsUnreachable: cfg.IsUnreachable, Now: cfg.Now, Logger: cfg.Logger}))
 	add(NewRetry(RetryConfig{MaxRetries: cfg.MaxRetries, Backoff: cfg.RetryBackoff, IsUnreachable: cfg.IsUnreachable, Logger: cfg.Logger}))

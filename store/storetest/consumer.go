@@ -40,6 +40,7 @@ func consumerTests[TTx any]() []test[TTx] {
 		{"DeliveryCountBrokerVouchedFirstDelivery", deliveryCountVouched[TTx]},
 		{"DeadLetterUndecodablePayloadIsDeadLetteredAtOnce", deadLetterUndecodable[TTx]},
 		{"DeadLetterTransientFailureIsDeadLetteredAfterMaxDeliveries", deadLetterTransient[TTx]},
+		{"DeadLetterCrashLoopDeadLettersOnlyTheCrasher", deadLetterCrashLoop[TTx]},
 		{"DeadLetterPoisonTopicThroughWatermillsPoisonQueue", deadLetterPoisonTopic[TTx]},
 		{"ReplayProcessedOnceThenDuplicate", replayOnceThenDuplicate[TTx]},
 		{"OrderGuard", orderGuard[TTx]},
@@ -767,6 +768,111 @@ func deadLetterTransient[TTx any](t *testing.T, h Harness[TTx]) {
 		t.Fatalf("dead letters = %+v", letters)
 	}
 	e.assertGoodMessagesFlow(t, stack, 100)
+}
+
+// errCrash stands for the death of a consumer process: a handler panics with it, and every
+// delivery the "process" had in flight ends unsettled with it.
+var errCrash = errors.New("the consumer process died")
+
+// A process handling several messages at once (backends.Options.Unacked > 1, prefetch) that one of
+// them crashes, again and again, takes the others in flight with it at each exit, and each exit
+// counts a delivery of every one of them. Only the crasher is dead-lettered — after its attempt
+// alone in the process, on delivery MaxDeliveries + 2 — and the others are processed once each.
+// Not parallel: the attempt alone holds the gate of the whole process.
+func deadLetterCrashLoop[TTx any](t *testing.T, h Harness[TTx]) {
+	e := newConsumerEnv(t, h)
+	if strings.HasPrefix(e.Store.Info().Name, "sqlite") {
+		t.Skip("SQLite runs one inbox transaction at a time: the deliveries in flight cannot all be in their handlers when the process dies")
+	}
+	const maxDeliveries, bystanders = 2, 2
+	crasher := orderMsg("crasher")
+	pending := map[string]*message.Message{crasher.UUID: crasher}
+	for i := range bystanders {
+		m := orderMsg(fmt.Sprintf("bystander-%d", i))
+		pending[m.UUID] = m
+	}
+	// process is one life of the consumer process.
+	type process struct {
+		ctx     context.Context
+		die     context.CancelFunc
+		suspect bool          // every message in it is past MaxDeliveries
+		started chan struct{} // a bystander's handler is running
+	}
+	var current atomic.Pointer[process]
+	hf := func(m *message.Message) error {
+		p := current.Load()
+		switch {
+		case m.UUID == crasher.UUID:
+			if !p.suspect {
+				for range bystanders { // the others are in flight when it crashes the process
+					<-p.started
+				}
+			}
+			p.die()
+			panic(errCrash)
+		case !p.suspect:
+			p.started <- struct{}{}
+			<-p.ctx.Done() // in flight until the process dies
+			panic(errCrash)
+		}
+		return e.effect("shipping")(m)
+	}
+	stack := e.stack(t, "shipping", hf, func(c *middleware.StackConfig) {
+		c.MaxDeliveries = maxDeliveries
+		c.MaxRetries = -1
+		c.SoloWait = 30 * time.Second
+	})
+	for life := 1; len(pending) > 0; life++ {
+		if life > maxDeliveries+3 {
+			t.Fatalf("%d messages still unsettled after %d lives of the process", len(pending), life-1)
+		}
+		ctx, die := context.WithCancel(context.Background())
+		p := &process{ctx: ctx, die: die, suspect: life > maxDeliveries, started: make(chan struct{}, bystanders)}
+		current.Store(p)
+		var (
+			mu      sync.Mutex
+			settled []string
+			wg      sync.WaitGroup
+		)
+		for _, msg := range pending { // every unacknowledged message is delivered again
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer func() {
+					if r := recover(); r != nil && r != errCrash {
+						panic(r)
+					}
+				}()
+				m := delivery(msg)
+				m.SetContext(ctx)
+				if _, err := stack(m); err == nil {
+					mu.Lock()
+					settled = append(settled, msg.UUID)
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+		die()
+		for _, id := range settled {
+			delete(pending, id)
+		}
+	}
+	letters := e.deadLetters(t, store.DeadLetterFilter{Consumer: "shipping"})
+	if len(letters) != 1 || letters[0].MessageID != crasher.UUID {
+		t.Fatalf("dead letters = %+v; want the crasher's alone", letters)
+	}
+	if got := letters[0]; got.Attempts != maxDeliveries+2 || !strings.Contains(got.Reason, "alone in the process") {
+		t.Fatalf("crasher dead-lettered after %d deliveries (%q), want MaxDeliveries + 2 = %d, after its attempt alone",
+			got.Attempts, got.Reason, maxDeliveries+2)
+	}
+	if n := e.MustInt(t, `SELECT count(*) FROM {{schema}}.effects WHERE consumer = ?`, "shipping"); n != bystanders {
+		t.Fatalf("%d effects, want each of the %d bystanders once", n, bystanders)
+	}
+	if n := e.MustInt(t, `SELECT count(*) FROM {{schema}}.inbox_deliveries WHERE message_id LIKE ?`, "solo:%"); n != 0 {
+		t.Fatalf("%d records of attempts alone left behind", n)
+	}
+	e.assertGoodMessagesFlow(t, stack, 10)
 }
 
 // With a poison topic, a dead-lettered message also goes there through Watermill's PoisonQueue, as
