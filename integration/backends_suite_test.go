@@ -265,20 +265,14 @@ func TestBackends_MalformedMessageIsDeadLettered(t *testing.T) {
 				}
 
 				var letters []store.DeadLetter
-				for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) { // the poll's period
+				testenv.Eventually(t, 60*time.Second, "the 2 good messages applied and the malformed ones dead-lettered", func() bool {
 					var err error
 					letters, err = db.Store().InboxDeadLetters(ctx, store.DeadLetterFilter{Consumer: group, Topic: topic})
 					if err != nil {
 						t.Fatal(err)
 					}
-					applied := countEffects(t, db, group)
-					if applied == 2 && len(letters) >= len(bad) {
-						break
-					}
-					if time.Now().After(deadline) {
-						t.Fatalf("after 60s: %d of the 2 good messages applied, %d dead letters for the %d malformed", applied, len(letters), len(bad))
-					}
-				}
+					return countEffects(t, db, group) == 2 && len(letters) >= len(bad)
+				})
 				if len(letters) != len(bad) {
 					t.Fatalf("%d dead letters, want %d: %+v", len(letters), len(bad), letters)
 				}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"sync/atomic"
 	"testing"
-	"time"
 )
 
 func TestLifetime(t *testing.T) {
@@ -17,14 +16,23 @@ func TestLifetime(t *testing.T) {
 	}
 	l.Leave() // a goroutine that never started
 	var ended atomic.Bool
+	unblock := make(chan struct{})
 	go func() {
 		defer l.Leave()
 		<-l.Closing()
-		l.Go(func() { time.Sleep(50 * time.Millisecond); ended.Store(true) }) // a settling goroutine, admitted
+		l.Go(func() { <-unblock; ended.Store(true) }) // a settling goroutine, admitted
 	}()
 	var released atomic.Int32
 	boom := errors.New("boom")
-	if err := l.Close(func() error { released.Add(1); return boom }); !errors.Is(err, boom) {
+	closed := make(chan error, 1)
+	go func() { closed <- l.Close(func() error { released.Add(1); return boom }) }()
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) while an admitted goroutine still ran", err)
+	default:
+	}
+	close(unblock)
+	if err := <-closed; !errors.Is(err, boom) {
 		t.Fatalf("Close = %v, want the release's error", err)
 	}
 	if !ended.Load() {
