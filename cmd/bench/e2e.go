@@ -43,6 +43,8 @@ type e2eImpl struct {
 	// probe also times each event's delivery to a raw AMQP consumer of a queue of its own bound
 	// to the topic: what of the latency is the relay's and the broker's, what the consumer's.
 	probe bool
+	// clock, when set, timestamps every hand-over of each event (--log-parts breakdown).
+	clock *stageClock
 }
 
 var (
@@ -63,6 +65,8 @@ type e2eResult struct {
 	relayStmts float64
 	// delivered, with e2eImpl.probe: COMMIT returned → delivered to the raw consumer, per event.
 	delivered []time.Duration
+	// breakdown, with e2eImpl.clock: the stages' table.
+	breakdown string
 }
 
 // benchE2E offers events at fixed rates, each written in its own business transaction, and
@@ -216,6 +220,15 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 	quiet := impl.pollOnly > 0 || impl.log != "" // nobody listens for a NOTIFY
 	writer := storeIn(pool, schema, pgxstore.Config{DisableNotify: quiet, WAL: impl.log == "wal"})
 	inbox := storeIn(pool, schema, pgxstore.Config{DisableNotify: quiet})
+	if impl.clock != nil {
+		// The consumer on a pool of its own, whose transactions the clock times.
+		cpool, err := clockedPool(ctx, pool, impl.clock)
+		if err != nil {
+			return e2eResult{}, err
+		}
+		defer cpool.Close()
+		inbox = storeIn(cpool, schema, pgxstore.Config{DisableNotify: quiet})
+	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE `+schema+`.orders (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, customer text NOT NULL);
 		CREATE TABLE `+schema+`.effects (message_id text PRIMARY KEY);
 		CREATE TABLE `+schema+`.processed (message_id text PRIMARY KEY)`); err != nil {
@@ -243,6 +256,7 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 	if err != nil {
 		return e2eResult{}, err
 	}
+	stmts.flush = flushTimer{impl.clock}
 	defer relayPool.Close()
 
 	total := int(float64(rate) * d.Seconds())
@@ -310,12 +324,16 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 		if err != nil {
 			return e2eResult{}, err
 		}
-		bc, err := middleware.NewBatchConsumer(middleware.BatchConfig{
-			StackConfig: middleware.StackConfig{Store: inbox, Consumer: group}, MaxBatch: consumerBatch,
-		}, ackWatcher{sub, record}, topic, middleware.NoPublish(handlers.JSON(func(ctx context.Context, tx pgx.Tx, o map[string]any) error {
+		h := middleware.NoPublish(handlers.JSON(func(ctx context.Context, tx pgx.Tx, o map[string]any) error {
 			_, err := tx.Exec(ctx, effect, o["id"])
 			return err
-		})))
+		}))
+		if impl.clock != nil {
+			h = impl.clock.handler(h)
+		}
+		bc, err := middleware.NewBatchConsumer(middleware.BatchConfig{
+			StackConfig: middleware.StackConfig{Store: inbox, Consumer: group}, MaxBatch: consumerBatch,
+		}, ackWatcher{sub, record, impl.clock}, topic, h)
 		if err != nil {
 			return e2eResult{}, err
 		}
@@ -386,13 +404,18 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 			return e2eResult{}, err
 		}
 	} else {
-		pub, err := amqpbackend.NewPublisher(amqpbackend.PublisherConfig{URL: c.brokerURL})
+		amqpPub, err := amqpbackend.NewPublisher(amqpbackend.PublisherConfig{URL: c.brokerURL})
 		if err != nil {
 			return e2eResult{}, err
 		}
-		defer pub.Close()
+		defer amqpPub.Close()
+		var pub message.Publisher = amqpPub
+		if impl.clock != nil {
+			pub = clockedPublisher{amqpPub, impl.clock}
+		}
 		cfg := forwarder.Config{Store: storeIn(relayPool, schema, pgxstore.Config{PollOnly: impl.pollOnly > 0 || impl.log != ""}), Publisher: pub,
-			Name: "e2e", TopicMapping: func(t, key string) string { return outboxkit.ShardTopic(t, key, impl.shards) }}
+			Name: "e2e", TopicMapping: func(t, key string) string { return outboxkit.ShardTopic(t, key, impl.shards) },
+			MaxInFlight: c.inFlight, BatchSize: c.batch} // 0: the defaults
 		if impl.pollOnly > 0 {
 			cfg.PollInterval = impl.pollOnly
 		}
@@ -449,6 +472,9 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 		return true
 	})
 	res.missing = total - len(res.latencies)
+	if impl.clock != nil {
+		res.breakdown = impl.clock.report(&committed, &effected, &delivered)
+	}
 	return res, nil
 }
 
@@ -572,6 +598,7 @@ func probeDeliveries(url string, topics []string, arrived *sync.Map) (stop func(
 type ackWatcher struct {
 	message.Subscriber
 	record func(uuid string)
+	clock  *stageClock // when set, told when each message is handed out
 }
 
 // Unacked is what the watched subscriber hands out at once, when it says (the batch consumer
@@ -592,6 +619,9 @@ func (w ackWatcher) Subscribe(ctx context.Context, topic string) (<-chan *messag
 	go func() {
 		defer close(out)
 		for m := range in {
+			if w.clock != nil {
+				w.clock.subReceived(m.UUID)
+			}
 			go func() {
 				select {
 				case <-m.Acked():

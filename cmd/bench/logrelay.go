@@ -41,13 +41,13 @@ func benchLog(ctx context.Context, c config) ([]series, error) {
 		return nil, fmt.Errorf("%s runs wal_level = %s; the log relay needs logical: point --log-db at scripts/pg-logical.sh's cluster", c.logDBURL, level)
 	}
 	parts := map[string]func(context.Context, config, *pgxpool.Pool) ([]series, error){
-		"drain": logDrains, "e2e": logLatency, "write": logWriteCost,
+		"drain": logDrains, "e2e": logLatency, "write": logWriteCost, "breakdown": logBreakdown, "floor": logFloor,
 	}
 	var out []series
 	for _, part := range strings.Split(c.logParts, ",") {
 		run, ok := parts[strings.TrimSpace(part)]
 		if !ok {
-			return nil, fmt.Errorf("--log-parts: no part %q; the parts are drain, e2e and write", part)
+			return nil, fmt.Errorf("--log-parts: no part %q; the parts are drain, e2e, write, breakdown and floor", part)
 		}
 		r, err := run(ctx, c, pool)
 		if err != nil {
@@ -407,13 +407,18 @@ func peakRSS() float64 {
 
 // stmtCounter is a pgx tracer counting the statements its connections send, each query of a
 // batch and each COPY included: the relay's own work, apart from the writers' and the bench's.
-type stmtCounter struct{ n atomic.Int64 }
-
-func (s *stmtCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	s.n.Add(1)
-	return ctx
+type stmtCounter struct {
+	n     atomic.Int64
+	flush flushTimer // times the log relay's checkpoints when it has a clock
 }
-func (s *stmtCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (s *stmtCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	s.n.Add(1)
+	return s.flush.start(ctx, d.SQL)
+}
+func (s *stmtCounter) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	s.flush.end(ctx)
+}
 func (s *stmtCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
 	return ctx
 }

@@ -54,6 +54,9 @@ type config struct {
 	logIdle  time.Duration
 	bigTxn   int
 	logParts string
+
+	breakdownModes string
+	breakdownRates []int
 }
 
 func main() {
@@ -63,7 +66,10 @@ func main() {
 	flag.DurationVar(&c.logIdle, "log-idle", 10*time.Second, "how long --scenario log measures each relay idle")
 	flag.StringVar(&c.logParts, "log-parts", "drain,e2e,write", "what --scenario log measures, comma-separated: drain (drain rate, WAL, "+
 		"statements per event, idle cost, a big transaction's RSS), e2e (commit → consumer effect latency, and the highest rate), "+
-		"write (the writers' cost in each mode)")
+		"write (the writers' cost in each mode), breakdown (where the e2e latency goes, stage by stage: not run by default), "+
+		"floor (a Postgres COMMIT's and RabbitMQ's confirm and delivery latency at 1,000/s: not run by default)")
+	flag.StringVar(&c.breakdownModes, "breakdown-modes", "wal", "the log relay's modes --log-parts breakdown times, comma-separated: wal, table")
+	breakdownRates := flag.String("breakdown-rates", "1000,2000", "the offered rates, msg/s, --log-parts breakdown times each stage at")
 	flag.IntVar(&c.bigTxn, "big-txn", 100000, "events of the one transaction whose relaying --scenario log measures the peak RSS of")
 	flag.StringVar(&c.dbURL, "db", env("OUTBOXKIT_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"), "Postgres URL")
 	flag.StringVar(&c.brokerURL, "broker", env("OUTBOXKIT_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/"), "RabbitMQ URL")
@@ -77,8 +83,8 @@ func main() {
 	flag.StringVar(&c.comparePath, "compare", "", "an earlier run's JSON: print each figure beside its earlier median")
 	flag.StringVar(&c.cpuProfile, "cpuprofile", "", "write a CPU profile of the outboxkit drains (drain), of the writers of the outbox row at 16 clients (write) "+
 		"or of the first end-to-end run in WAL mode (log) to this file")
-	flag.IntVar(&c.batch, "batch", 0, "forwarder BatchSize (0: the default)")
-	flag.IntVar(&c.inFlight, "inflight", 0, "forwarder MaxInFlight (0: the default)")
+	flag.IntVar(&c.batch, "batch", 0, "forwarder BatchSize, also of the end-to-end relays (0: the default)")
+	flag.IntVar(&c.inFlight, "inflight", 0, "forwarder MaxInFlight, also of the end-to-end relays (0: the default)")
 	flag.IntVar(&c.relays, "relays", 1, "forwarders draining the outbox at once")
 	flag.StringVar(&c.scenario, "scenario", "all", "what to measure: "+strings.Join(scenarioNames, ", ")+" or all")
 	flag.DurationVar(&c.writeFor, "write-for", 5*time.Second, "length of each write-path measurement")
@@ -103,6 +109,14 @@ func main() {
 	flag.IntVar(&c.consoleReplay, "console-replay", 100000, "outbox letters the console scenario replays under load (0: none)")
 	flag.IntVar(&c.consoleRate, "console-rate", 2000, "the rate of that replay, letters a second")
 	flag.Parse()
+	for _, f := range strings.Split(*breakdownRates, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			fmt.Fprintf(os.Stderr, "bench: --breakdown-rates: %q is not a rate\n", f)
+			os.Exit(2)
+		}
+		c.breakdownRates = append(c.breakdownRates, n)
+	}
 	for _, f := range strings.Split(*history, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 0 {
