@@ -40,15 +40,48 @@ type dispatcher struct {
 	bad         []*entry  // messages that do not decode, to dead-letter
 	pendingDead []deadRow // dead letters, written with the next checkpoint
 	doneBehind  int       // entries marked done since the last compact: what it could drop
+
+	// With ParkKeyOnDeadLetter: the keys parked behind a dead letter, each with the seq from which
+	// its events wait (the dead letter's). A parked event is left in the outbox table — in WAL
+	// mode written there (pendingPark), with the next checkpoint — and the slot moves past it; a
+	// replay or an archive of the dead letter reads the key's rows back from the table (check).
+	parked      map[string]int64
+	pendingPark []store.OutboxRow // WAL mode: parked events of the log, written as outbox rows at the next flush
+	parkXids    []uint32          // writers of the parked rows read from the log, for check's wait
+	checkKeys   map[string]bool   // parked keys whose replayed dead letter the current transaction carries
+	checkXids   []uint32
+	// WAL mode: per key, the highest seq read back from the table. The relay's own parked rows
+	// come back through the log as INSERTs: one at or below it was published already.
+	drained map[string]int64
 }
 
 func newDispatcher(s *session) *dispatcher {
-	return &dispatcher{s: s, lastFlush: time.Now()}
+	return &dispatcher{s: s, lastFlush: time.Now(), parked: map[string]int64{}, checkKeys: map[string]bool{}, drained: map[string]int64{}}
 }
 
 func (d *dispatcher) window() int { return len(d.fifo) - d.head }
 
-func (d *dispatcher) add(it item) {
+func (d *dispatcher) add(ctx context.Context, it item) error {
+	if it.start {
+		if err := d.check(ctx, nil, it.drain); err != nil {
+			return err
+		}
+		d.fifo = append(d.fifo, &entry{item: item{}, done: true})
+		d.doneBehind++
+		return nil
+	}
+	if it.end > 0 && len(d.checkKeys) > 0 {
+		// The transaction that replayed dead letters of parked keys: their rows are read back
+		// before its end, so the slot moves past it only once they are published (or parked again).
+		keys := make([]string, 0, len(d.checkKeys))
+		for k := range d.checkKeys {
+			keys = append(keys, k)
+		}
+		clear(d.checkKeys)
+		if err := d.check(ctx, keys, true); err != nil {
+			return err
+		}
+	}
 	e := &entry{item: it, done: it.end > 0}
 	d.fifo = append(d.fifo, e)
 	if e.done {
@@ -57,7 +90,168 @@ func (d *dispatcher) add(it item) {
 	if it.bad != nil {
 		e.done = true // once dead-lettered, below
 		d.bad = append(d.bad, e)
+		return nil
 	}
+	if it.end > 0 {
+		return nil
+	}
+	k := it.row.PartitionKey
+	if from, ok := d.parked[k]; ok && k != "" && it.row.Seq >= from {
+		if it.replayed && it.xid != 0 {
+			// A replayed dead letter of a parked key: check reads it back from the table, with
+			// the key's parked events behind it, at its transaction's end.
+			d.checkKeys[k] = true
+			d.checkXids = appendXid(d.checkXids, it.xid)
+			e.done, e.delKey = true, ""
+			d.doneBehind++
+			return nil
+		}
+		d.park(e)
+		return nil
+	}
+	if d.s.r.cfg.Mode == ModeWAL && it.delKey != "" && !it.replayed && k != "" && it.row.Seq <= d.drained[k] {
+		// The relay's own parked row, come back through the log after check published it.
+		e.done, e.delKey = true, ""
+		d.doneBehind++
+	}
+	return nil
+}
+
+// park leaves e, an event of a parked key, unpublished for good in this session: a row of the
+// outbox stays there; an event of the log is written there with the next checkpoint.
+func (d *dispatcher) park(e *entry) {
+	e.done = true
+	d.doneBehind++
+	if e.delKey != "" {
+		e.delKey = ""
+		d.parkXids = appendXid(d.parkXids, e.xid)
+	} else {
+		d.pendingPark = append(d.pendingPark, e.row)
+	}
+	e.row.Payload, e.row.Metadata = nil, nil
+}
+
+func appendXid(xids []uint32, xid uint32) []uint32 {
+	if xid == 0 || (len(xids) > 0 && xids[len(xids)-1] == xid) {
+		return xids
+	}
+	return append(xids, xid)
+}
+
+// parkKey parks key behind its dead letter at seq: its later events in the window wait.
+func (d *dispatcher) parkKey(key string, seq int64) {
+	if from, ok := d.parked[key]; ok && from <= seq {
+		return
+	}
+	d.parked[key] = seq
+	for _, e := range d.fifo[d.head:] {
+		if !e.done && e.end == 0 && e.bad == nil && e.row.PartitionKey == key && e.row.Seq > seq {
+			d.park(e)
+		}
+	}
+}
+
+// check reads from the table which of keys (nil: every key with an unpublished dead letter,
+// archived or not) are parked, behind which seq — as the polling relay's claim does, behind the
+// earliest dead letter not archived — and, with drain, appends to the window the key's rows in
+// the table that may go: every row before its dead letter, or all of them once no dead letter
+// parks it. The key's parked events written there meanwhile are read back in seq order, so a
+// replayed dead letter goes first and its key's events follow it.
+func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error {
+	r := d.s.r
+	if len(d.pendingPark) > 0 || len(d.pendingDead) > 0 {
+		// The events parked since the last flush, and the dead letters, into the table first.
+		if err := d.flush(ctx); err != nil {
+			return err
+		}
+	}
+	if err := d.waitVisible(ctx, append(d.checkXids, d.parkXids...)); err != nil {
+		return err
+	}
+	d.checkXids, d.parkXids = nil, nil
+	park := r.fcfg.ParkKeyOnDeadLetter
+	if !park && keys != nil {
+		return nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	tx, err := r.cfg.Pool.BeginTx(cctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return fmt.Errorf("read the parked keys: %w", err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
+	rows, err := tx.Query(cctx, fmt.Sprintf(`SELECT partition_key, coalesce(min(seq) FILTER (WHERE archived_at IS NULL), 0)
+		FROM %s WHERE dead_lettered_at IS NOT NULL AND published_at IS NULL AND partition_key IS NOT NULL
+		AND ($1::text[] IS NULL OR partition_key = ANY($1)) GROUP BY partition_key`, r.table("outbox")), keys)
+	if err != nil {
+		return fmt.Errorf("read the parked keys: %w", err)
+	}
+	all := keys == nil
+	from := map[string]int64{}
+	for rows.Next() {
+		var k string
+		var seq int64
+		if err := rows.Scan(&k, &seq); err != nil {
+			rows.Close()
+			return fmt.Errorf("read the parked keys: %w", err)
+		}
+		from[k] = seq
+		if all {
+			keys = append(keys, k)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read the parked keys: %w", err)
+	}
+	for _, k := range keys {
+		if seq := from[k]; park && seq > 0 {
+			d.parked[k] = seq
+		} else {
+			delete(d.parked, k)
+		}
+	}
+	if !drain || len(keys) == 0 {
+		return tx.Commit(cctx)
+	}
+	rows, err = tx.Query(cctx, fmt.Sprintf(`SELECT uuid::text, uuid_text, seq, topic, partition_key, payload, metadata, created_at
+		FROM %s WHERE partition_key = ANY($1) AND published_at IS NULL AND dead_lettered_at IS NULL ORDER BY seq`, r.table("outbox")), keys)
+	if err != nil {
+		return fmt.Errorf("read back the rows of unparked keys: %w", err)
+	}
+	n := 0
+	for rows.Next() {
+		var (
+			it       item
+			uuidText *string
+			metadata string
+		)
+		if err := rows.Scan(&it.delKey, &uuidText, &it.row.Seq, &it.row.Topic, &it.row.PartitionKey, &it.row.Payload, &metadata, &it.row.CreatedAt); err != nil {
+			rows.Close()
+			return fmt.Errorf("read back the rows of unparked keys: %w", err)
+		}
+		k := it.row.PartitionKey
+		if seq, ok := d.parked[k]; ok && it.row.Seq >= seq {
+			continue // still parked
+		}
+		d.drained[k] = max(d.drained[k], it.row.Seq)
+		it.row.Metadata = []byte(metadata)
+		it.row.UUID = it.delKey
+		if uuidText != nil {
+			it.row.UUID = *uuidText
+		}
+		// Not an item of the reader: it counts for none (see advance's popped).
+		d.fifo = append(d.fifo, &entry{item: it, extra: -1})
+		n++
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("read back the rows of unparked keys: %w", err)
+	}
+	if n > 0 {
+		r.log.Info("Log relay read back the events of keys no longer parked behind a dead letter", r.fields.Add(watermill.LogFields{"events": n}))
+	}
+	return tx.Commit(cctx)
 }
 
 // run publishes until in is closed. stop is the relay's context: once it ends, nothing new is
@@ -84,7 +278,9 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 					open = false
 					break fill
 				}
-				d.add(it)
+				if err := d.add(ctx, it); err != nil {
+					return err
+				}
 			default:
 				break fill
 			}
@@ -134,10 +330,22 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 				open = false
 				break
 			}
-			d.add(it)
+			if err := d.add(ctx, it); err != nil {
+				return err
+			}
 		case <-wake:
 		case <-pausesChanged:
 		case <-flushTick.C:
+			if len(d.parked) > 0 && stop.Err() == nil {
+				// An archived dead letter unparks its key with no INSERT in the log: ask.
+				keys := make([]string, 0, len(d.parked))
+				for k := range d.parked {
+					keys = append(keys, k)
+				}
+				if err := d.check(ctx, keys, true); err != nil {
+					return err
+				}
+			}
 			if err := d.flush(ctx); err != nil {
 				return err
 			}
@@ -146,7 +354,9 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 		case <-stop.Done():
 			// Wait for the reader to stop; flush below.
 			for it := range d.s.in {
-				d.add(it)
+				if err := d.add(ctx, it); err != nil {
+					return err
+				}
 			}
 			open = false
 		}
@@ -258,6 +468,9 @@ func (d *dispatcher) publish(ctx, stop context.Context, batch []*entry) error {
 			d.doneBehind++
 			e.delKey = "" // kept in the outbox as a dead letter
 			e.row.Payload, e.row.Metadata = nil, nil
+			if d.s.r.fcfg.ParkKeyOnDeadLetter && e.row.PartitionKey != "" {
+				d.parkKey(e.row.PartitionKey, e.row.Seq)
+			}
 			continue
 		}
 		e.nextAt = f.NextAttemptAt
@@ -331,6 +544,28 @@ func (d *dispatcher) writeDeadLetter(ctx context.Context, tx pgx.Tx, dl deadRow)
 	}
 	if err != nil {
 		return fmt.Errorf("dead-letter event %s: %w", dl.row.UUID, err)
+	}
+	return nil
+}
+
+// writeParked writes, in tx, an event of the log parked behind its key's dead letter as an outbox
+// row waiting to be published: the polling relay, the console and a later check see it as any row
+// of a parked key.
+func (d *dispatcher) writeParked(ctx context.Context, tx pgx.Tx, row store.OutboxRow) error {
+	key, text := storedID(row.UUID)
+	metadata := string(row.Metadata)
+	if metadata == "" {
+		metadata = "{}"
+	}
+	payload := row.Payload
+	if payload == nil {
+		payload = []byte{}
+	}
+	_, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, uuid_text, topic, partition_key, payload, metadata, created_at)
+		VALUES ($1::uuid, $2, $3, $4, $5, $6, $7) ON CONFLICT (uuid) DO NOTHING`, d.s.r.table("outbox")),
+		key, text, row.Topic, row.PartitionKey, payload, metadata, row.CreatedAt)
+	if err != nil {
+		return fmt.Errorf("park event %s: %w", row.UUID, err)
 	}
 	return nil
 }
@@ -420,7 +655,7 @@ func (d *dispatcher) compact() {
 // the table, so the rows left there are what a lost slot's backfill must read.
 func (d *dispatcher) flush(ctx context.Context) error {
 	d.lastFlush = time.Now()
-	if len(d.pendingDel) == 0 && len(d.pendingDead) == 0 && d.confirmable == d.flushedLSN {
+	if len(d.pendingDel) == 0 && len(d.pendingDead) == 0 && len(d.pendingPark) == 0 && d.confirmable == d.flushedLSN {
 		d.s.flushed.Store(d.popped)
 		return nil
 	}
@@ -440,7 +675,8 @@ func (d *dispatcher) flush(ctx context.Context) error {
 	args := []any{del, r.fcfg.Name, r.cfg.SlotName, string(r.cfg.Mode), d.confirmable.String()}
 	var removed int
 	var err error
-	if len(d.pendingDead) == 0 {
+	var parkedAt map[string]int64 // WAL mode: the rows written for dead letters that park their keys
+	if len(d.pendingDead) == 0 && len(d.pendingPark) == 0 {
 		err = r.cfg.Pool.QueryRow(fctx, checkpoint, args...).Scan(&removed)
 	} else {
 		// A dead letter is an UPDATE of its row, which must see it (see below).
@@ -453,10 +689,28 @@ func (d *dispatcher) flush(ctx context.Context) error {
 		if err := d.waitVisible(fctx, xids); err != nil {
 			return err
 		}
-		// The dead letters and the checkpoint that moves past them, in one transaction.
+		// The dead letters, the parked events of the log after them (so in seq order behind
+		// them), and the checkpoint that moves past them, in one transaction.
+		parkedAt = map[string]int64{}
 		err = pgx.BeginFunc(fctx, r.cfg.Pool, func(tx pgx.Tx) error {
+			clear(parkedAt)
 			for _, dl := range d.pendingDead {
 				if err := d.writeDeadLetter(fctx, tx, dl); err != nil {
+					return err
+				}
+				k := dl.row.PartitionKey
+				if from, ok := d.parked[k]; ok && k != "" && dl.delKey == "" && from == dl.row.Seq {
+					// The key waits from the dead letter's row now, not from its place in the log.
+					var seq int64
+					key, _ := storedID(dl.row.UUID)
+					if err := tx.QueryRow(fctx, fmt.Sprintf(`SELECT seq FROM %s WHERE uuid = $1::uuid`, r.table("outbox")), key).Scan(&seq); err != nil {
+						return fmt.Errorf("read dead letter %s back: %w", dl.row.UUID, err)
+					}
+					parkedAt[k] = seq
+				}
+			}
+			for _, row := range d.pendingPark {
+				if err := d.writeParked(fctx, tx, row); err != nil {
 					return err
 				}
 			}
@@ -487,7 +741,10 @@ func (d *dispatcher) flush(ctx context.Context) error {
 	} else {
 		d.pendingDel, d.pendingXids = d.pendingDel[:0], d.pendingXids[:0]
 	}
-	d.pendingDead = nil
+	d.pendingDead, d.pendingPark = nil, nil
+	for k, seq := range parkedAt {
+		d.parked[k] = seq
+	}
 	d.flushedLSN = d.confirmable
 	d.s.ack.Store(uint64(d.confirmable))
 	d.s.flushed.Store(d.popped)

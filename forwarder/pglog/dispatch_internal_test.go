@@ -1,6 +1,7 @@
 package pglog
 
 import (
+	"context"
 	"slices"
 	"testing"
 
@@ -18,7 +19,9 @@ func TestCompactKeepsPositionsAndCounts(t *testing.T) {
 	ev := func(id string) item { return item{row: store.OutboxRow{UUID: id, Topic: "t"}, delKey: id} }
 	end := func(lsn pglogrepl.LSN) item { return item{end: lsn} }
 	for _, it := range []item{ev("held"), end(10), ev("a"), end(20), ev("b"), end(30), ev("c"), ev("open")} {
-		d.add(it)
+		if err := d.add(context.Background(), it); err != nil {
+			t.Fatal(err)
+		}
 	}
 	done := func(i int) { d.fifo[i].done = true; d.doneBehind++ }
 	done(2) // a

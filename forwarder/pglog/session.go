@@ -34,6 +34,12 @@ type item struct {
 	// xid is the writing transaction's id (its low 32 bits, as pgoutput sends it) for a row read
 	// from the log; 0 for a row read from the table (a backfill), visible by then.
 	xid uint32
+	// replayed is an outbox row that carries a last error: a dead letter written again by a
+	// replay, which may unpark its key (see dispatcher.check).
+	replayed bool
+	// start asks the dispatcher to read the keys parked behind dead letters from the table, and,
+	// with drain, to read back their rows that may go (see dispatcher.check). Sent first.
+	start, drain bool
 }
 
 // session is one replication connection's life: set the slot up (backfilling after a lost one),
@@ -158,6 +164,16 @@ func (r *Relay) session(ctx context.Context) error {
 			s.sendStatus(true)
 		}
 		return err
+	}
+
+	// The keys parked behind a dead letter, read before any event: their later events stay in the
+	// table. Without a backfill to read the table, the rows of keys with dead letters that may go
+	// (their dead letter replayed or archived while the relay was away, or mid-way when it
+	// stopped) are read back too: the slot has moved past them.
+	backfilling := !slot.exists || (cp.exists && cp.confirmed == 0)
+	never := time.Now().Add(time.Hour)
+	if err := s.send(ctx, item{start: true, drain: !backfilling}, &never); err != nil {
+		return finish(err)
 	}
 
 	switch {
@@ -456,6 +472,8 @@ func (d *decoder) insert(m *pglogrepl.InsertMessage) (it item, ok bool, err erro
 			row.CreatedAt = t
 		case "dead_lettered_at", "published_at":
 			return it, false, nil // written as a dead letter, or as published: nothing to relay
+		case "last_error":
+			it.replayed = true
 		}
 	}
 	if uuidKey == nil || row.Topic == "" {
@@ -465,7 +483,7 @@ func (d *decoder) insert(m *pglogrepl.InsertMessage) (it item, ok bool, err erro
 	if uuidText != nil {
 		row.UUID = *uuidText
 	}
-	return item{row: row, delKey: *uuidKey, xid: d.xid}, true, nil
+	return item{row: row, delKey: *uuidKey, xid: d.xid, replayed: it.replayed}, true, nil
 }
 
 // message decodes a logical decoding message: ok is false for other prefixes. One with the

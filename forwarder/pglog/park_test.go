@@ -1,0 +1,98 @@
+package pglog_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/forwarder/pglog"
+	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/store"
+)
+
+// With ParkKeyOnDeadLetter a key's events after its dead letter wait — left in the outbox (in WAL
+// mode written there), the slot moving past them — while other keys flow, across a restart of
+// the relay; replayed, the dead letter goes first and its key's events follow it, in order, once
+// each.
+func TestParkedKeyWaitsForItsDeadLetter(t *testing.T) {
+	t.Parallel()
+	for _, mode := range []pglog.Mode{pglog.ModeTable, pglog.ModeWAL} {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			pg := testenv.NewLogicalPG(t)
+			pub := &refusing{recorder: newRecorder()}
+			pub.refuse.Store(true)
+			tune := func(f *forwarder.Config, c *pglog.Config) {
+				f.MaxAttempts, f.ParkKeyOnDeadLetter, c.Mode = 1, true, mode
+			}
+			r := relayOn(t, pg, pub, tune)
+			stop := run(t, r)
+			emit := func(key string) string {
+				t.Helper()
+				if mode == pglog.ModeTable {
+					return write(t, pg, key, 1)[0]
+				}
+				id, err := transact(walStore(t, pg), key)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return id
+			}
+			e1 := emit("bad")
+			testenv.Eventually(t, 10*time.Second, "e1 dead-lettered", func() bool {
+				return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE dead_lettered_at IS NOT NULL`) == 1
+			})
+			pub.refuse.Store(false) // from here the broker takes anything: only parking holds the key
+			e2, e3 := emit("bad"), emit("bad")
+			var wrote string
+			if err := pg.Pool.QueryRow(context.Background(), `SELECT pg_current_wal_lsn()::text`).Scan(&wrote); err != nil {
+				t.Fatal(err)
+			}
+			ok1 := emit("ok")
+			testenv.Eventually(t, 10*time.Second, "another key's event", func() bool { return pub.has([]string{ok1}) })
+			testenv.Eventually(t, 10*time.Second, "the slot confirmed past the parked events", func() bool {
+				return pg.Int(t, `SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1 AND confirmed_flush_lsn >= $2::text::pg_lsn`,
+					r.SlotName(), wrote) == 1
+			})
+			if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE partition_key = 'bad' AND dead_lettered_at IS NULL`); n != 2 {
+				t.Fatalf("%d rows of the parked key wait in the outbox, want e2 and e3", n)
+			}
+
+			// A restart while the key is parked: what waits stays, what comes meanwhile waits too.
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			e4 := emit("bad")
+			run(t, relayOn(t, pg, pub, tune))
+			ok2 := emit("ok")
+			testenv.Eventually(t, 10*time.Second, "another key's event after the restart", func() bool { return pub.has([]string{ok2}) })
+			for _, id := range []string{e1, e2, e3, e4} {
+				if pub.count(id) != 0 {
+					t.Fatalf("an event of the parked key was published before its dead letter's replay")
+				}
+			}
+
+			if mode == pglog.ModeTable {
+				consoleReplay(t, pg)
+			} else if letters, err := pg.Store.ReplayOutboxDeadLetters(context.Background(), store.DeadLetterFilter{MessageIDs: []string{e1}}); err != nil || len(letters) != 1 {
+				t.Fatalf("replay: %d letters, %v", len(letters), err)
+			}
+			want := []string{e1, e2, e3, e4}
+			testenv.Eventually(t, 10*time.Second, "the dead letter and its key's events", func() bool { return pub.has(want) })
+			for i := 1; i < len(want); i++ {
+				if pub.index(want[i-1]) > pub.index(want[i]) {
+					t.Fatalf("e%d published before e%d", i+1, i)
+				}
+			}
+			for i, id := range want {
+				if n := pub.count(id); n != 1 {
+					t.Errorf("e%d published %d times", i+1, n)
+				}
+			}
+			testenv.Eventually(t, 10*time.Second, "their rows removed once published", func() bool {
+				return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox`) == 0
+			})
+		})
+	}
+}
