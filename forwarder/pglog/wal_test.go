@@ -14,6 +14,7 @@ import (
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/internal/walmsg"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/pgsqlstore"
 	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
@@ -160,5 +161,46 @@ func TestWALWriterOnDatabaseSQL(t *testing.T) {
 	testenv.Eventually(t, 10*time.Second, "the event written through database/sql", func() bool { return pub.has([]string{msg.UUID}) })
 	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox`); n != 0 {
 		t.Errorf("%d outbox rows in WAL mode", n)
+	}
+}
+
+// What SkipLostEvents loses in WAL mode is the events of the log alone: an outbox row waiting in
+// the table while the slot was lost (here a dead letter replayed while the relay was stopped, its
+// INSERT in the WAL the lost slot held) is read back by the backfill of the new slot.
+func TestWALSkipLostEventsKeepsTheRowsOfTheTable(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewLogicalPG(t)
+	pub := &refusing{recorder: newRecorder()}
+	pub.refuse.Store(true)
+	tune := func(f *forwarder.Config, c *pglog.Config) { f.MaxAttempts = 1; walMode(f, c) }
+	r := relayOn(t, pg, pub, tune)
+	stop := run(t, r)
+	id, err := transact(walStore(t, pg), "bad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the refused event dead-lettered", func() bool {
+		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE dead_lettered_at IS NOT NULL`) == 1
+	})
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	pub.refuse.Store(false)
+	if letters, err := pg.Store.ReplayOutboxDeadLetters(context.Background(), store.DeadLetterFilter{MessageIDs: []string{id}}); err != nil || len(letters) != 1 {
+		t.Fatalf("replay: %d letters, %v", len(letters), err)
+	}
+	lost, err := transact(walStore(t, pg), "gone") // an event of the log: lost with the slot
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.Eventually(t, 10*time.Second, "the slot dropped once its reader has gone", func() bool {
+		_, err := pg.Pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, r.SlotName())
+		return err == nil
+	})
+	run(t, relayOn(t, pg, pub, func(f *forwarder.Config, c *pglog.Config) { tune(f, c); c.SkipLostEvents = true }))
+	testenv.Eventually(t, 10*time.Second, "the replayed row published", func() bool { return pub.has([]string{id}) })
+	testenv.Eventually(t, 10*time.Second, "its row removed", func() bool { return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox`) == 0 })
+	if pub.count(lost) != 0 {
+		t.Errorf("an event of the lost slot's log was published: the test does not lose the slot")
 	}
 }
