@@ -50,8 +50,9 @@ type dispatcher struct {
 	parkXids    []uint32          // writers of the parked rows read from the log, for check's wait
 	checkKeys   map[string]bool   // parked keys whose replayed dead letter the current transaction carries
 	checkXids   []uint32
-	// WAL mode: per key, the highest seq read back from the table. The relay's own parked rows
-	// come back through the log as INSERTs: one at or below it was published already.
+	// Per key, the highest seq read back from the table: a replayed dead letter at or below it
+	// whose INSERT arrives after check unparked its key, and in WAL mode the relay's own parked
+	// row come back through the log, were published already.
 	drained map[string]int64
 }
 
@@ -109,8 +110,12 @@ func (d *dispatcher) add(ctx context.Context, it item) error {
 		d.park(e)
 		return nil
 	}
-	if d.s.r.cfg.Mode == ModeWAL && it.delKey != "" && !it.replayed && k != "" && it.row.Seq <= d.drained[k] {
-		// The relay's own parked row, come back through the log after check published it.
+	if it.delKey != "" && k != "" && it.row.Seq <= d.drained[k] &&
+		((it.replayed && d.s.r.fcfg.ParkKeyOnDeadLetter) || (!it.replayed && d.s.r.cfg.Mode == ModeWAL)) {
+		// Read back by check already: a replayed dead letter whose key check found unparked
+		// before its INSERT arrived (a parked key is unparked by check alone, which reads the
+		// table once the replay has committed), or, in WAL mode, the relay's own parked row come
+		// back through the log.
 		e.done, e.delKey = true, ""
 		d.doneBehind++
 	}
