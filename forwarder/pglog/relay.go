@@ -15,6 +15,10 @@
 // exactly the events the relay may not have published, so it backfills them from the table, in a
 // snapshot taken with the new slot, and then follows the log.
 //
+// With the forwarder's ParkKeyOnDeadLetter, a key's events after its dead letter are left in the
+// outbox (in ModeWAL written there) while the slot moves on, and read back from the table, in seq
+// order behind the dead letter, once it is replayed or archived.
+//
 // One relay reads a slot at a time (the server refuses a second reader); others wait as standbys
 // and take over within StandbyRetry of the active one's connection closing.
 //
@@ -47,8 +51,10 @@ const (
 	// operator's tools, dead letters and a backfill after a lost slot keep working.
 	ModeTable Mode = "table"
 	// ModeWAL reads the logical decoding messages writers emit in their transactions instead of
-	// rows (pgxstore.Config.WAL): nothing is written to a table, and nothing can be backfilled, so
-	// a lost slot stops the relay (ErrSlotLost) unless SkipLostEvents. Postgres 14 or newer.
+	// rows (pgxstore.Config.WAL): nothing is written to a table, so the events of the log cannot
+	// be backfilled, and a lost slot stops the relay (ErrSlotLost) unless SkipLostEvents. (The
+	// outbox rows there are — dead letters replayed, events parked behind a dead letter — are
+	// backfilled.) Postgres 14 or newer.
 	ModeWAL Mode = "wal"
 )
 
@@ -70,8 +76,8 @@ const (
 type Config struct {
 	// Forwarder publishes the events: its Publisher, Name (the relay group: it names the slot and
 	// the publication), BatchSize (the most events of one publishing round), MaxInFlight,
-	// MaxAttempts, Backoff, CircuitBackoff, PublishTimeout, TopicMapping, Metrics, TracerProvider
-	// and Logger apply. Its Store's schema is the outbox's schema. Required.
+	// MaxAttempts, Backoff, ParkKeyOnDeadLetter, CircuitBackoff, PublishTimeout, TopicMapping,
+	// Metrics, TracerProvider and Logger apply. Its Store's schema is the outbox's schema. Required.
 	Forwarder *forwarder.Forwarder
 
 	// Pool connects to the database holding the outbox: its connection settings also open the
@@ -101,8 +107,8 @@ type Config struct {
 	Window int
 
 	// SkipLostEvents lets a relay in ModeWAL whose slot is lost make a new one and go on, without
-	// the events the lost slot held (they are not published). Default false: Run returns
-	// ErrSlotLost.
+	// the events of the log the lost slot held (they are not published); the outbox rows waiting
+	// in the table are read by the new slot's backfill. Default false: Run returns ErrSlotLost.
 	SkipLostEvents bool
 
 	// SlotName and PublicationName override the names derived from the schema and the
