@@ -96,3 +96,49 @@ func TestParkedKeyWaitsForItsDeadLetter(t *testing.T) {
 		})
 	}
 }
+
+// A parked key stays parked through the backfill of a lost slot (which reads every row waiting in
+// the table, the parked ones too), and an archive of its dead letter — an UPDATE, which the log
+// does not carry — unparks it: its events go, in order.
+func TestParkedKeyThroughBackfillAndArchive(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewLogicalPG(t)
+	pub := &refusing{recorder: newRecorder()}
+	pub.refuse.Store(true)
+	tune := func(f *forwarder.Config, _ *pglog.Config) { f.MaxAttempts, f.ParkKeyOnDeadLetter = 1, true }
+	r := relayOn(t, pg, pub, tune)
+	stop := run(t, r)
+	e1 := write(t, pg, "bad", 1)[0]
+	testenv.Eventually(t, 10*time.Second, "e1 dead-lettered", func() bool {
+		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE dead_lettered_at IS NOT NULL`) == 1
+	})
+	pub.refuse.Store(false)
+	e2 := write(t, pg, "bad", 1)[0]
+	ok1 := write(t, pg, "ok", 1)[0]
+	testenv.Eventually(t, 10*time.Second, "another key's event", func() bool { return pub.has([]string{ok1}) })
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	e3 := write(t, pg, "bad", 1)[0]
+	testenv.Eventually(t, 10*time.Second, "the slot dropped once its reader has gone", func() bool {
+		_, err := pg.Pool.Exec(context.Background(), `SELECT pg_drop_replication_slot($1)`, r.SlotName())
+		return err == nil
+	})
+	run(t, relayOn(t, pg, pub, tune))
+	ok2 := write(t, pg, "ok", 1)[0]
+	testenv.Eventually(t, 10*time.Second, "another key's event after the backfill", func() bool { return pub.has([]string{ok2}) })
+	for _, id := range []string{e1, e2, e3} {
+		if pub.count(id) != 0 {
+			t.Fatalf("an event of the parked key was published by the backfill")
+		}
+	}
+	consoleJob(t, pg, store.JobArchive)
+	testenv.Eventually(t, 10*time.Second, "the key's events after the archive", func() bool { return pub.has([]string{e2, e3}) })
+	if pub.index(e2) > pub.index(e3) || pub.count(e2) != 1 || pub.count(e3) != 1 || pub.count(e1) != 0 {
+		t.Fatalf("after the archive: e1 %d, e2 %d, e3 %d times, e2 at %d, e3 at %d; want e2 then e3 once each, e1 never",
+			pub.count(e1), pub.count(e2), pub.count(e3), pub.index(e2), pub.index(e3))
+	}
+	testenv.Eventually(t, 10*time.Second, "their rows removed, the archived letter kept", func() bool {
+		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox`) == 1
+	})
+}

@@ -83,11 +83,17 @@ func TestReplayedDeadLetterReachesTheBroker(t *testing.T) {
 // consoleReplay replays the outbox's dead letters as the console's job does.
 func consoleReplay(t *testing.T, pg *testenv.PG) {
 	t.Helper()
+	consoleJob(t, pg, store.JobReplay)
+}
+
+// consoleJob runs a console job of kind on the outbox's dead letter.
+func consoleJob(t *testing.T, pg *testenv.PG, kind string) {
+	t.Helper()
 	ctx := context.Background()
 	con, _ := store.ConsoleOf(pg.Store)
 	now := time.Now()
-	if _, _, err := con.CreateJob(ctx, store.NewJob{Kind: store.JobReplay, Filter: store.LetterQuery{Side: store.SideOutbox},
-		RequestKey: "replay", Rate: 100, Expected: 1, By: "test", Now: now}); err != nil {
+	if _, _, err := con.CreateJob(ctx, store.NewJob{Kind: kind, Filter: store.LetterQuery{Side: store.SideOutbox},
+		RequestKey: kind, Rate: 100, Expected: 1, By: "test", Now: now}); err != nil {
 		t.Fatal(err)
 	}
 	j, ok, err := con.ClaimJob(ctx, "console", now, time.Minute)
@@ -96,6 +102,6 @@ func consoleReplay(t *testing.T, pg *testenv.PG) {
 	}
 	step, err := con.StepOutboxJob(ctx, store.JobLease{ID: j.ID, Owner: "console", Token: j.LeaseToken}, 10, now)
 	if err != nil || step.Applied != 1 {
-		t.Fatalf("replay job: %+v, %v", step, err)
+		t.Fatalf("%s job: %+v, %v", kind, step, err)
 	}
 }
