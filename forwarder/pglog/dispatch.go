@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/md5"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -160,8 +161,9 @@ func (d *dispatcher) parkKey(key string, seq int64) {
 // archived or not) are parked, behind which seq — as the polling relay's claim does, behind the
 // earliest dead letter not archived — and, with drain, appends to the window the key's rows in
 // the table that may go: every row before its dead letter, or all of them once no dead letter
-// parks it. The key's parked events written there meanwhile are read back in seq order, so a
-// replayed dead letter goes first and its key's events follow it.
+// parks it — from where the key was parked, for a key parked in this session. The key's parked
+// events written there meanwhile are read back in seq order, so a replayed dead letter goes first
+// and its key's events follow it.
 func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error {
 	r := d.s.r
 	if len(d.pendingPark) > 0 || len(d.pendingDead) > 0 {
@@ -209,7 +211,18 @@ func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read the parked keys: %w", err)
 	}
+	// A key parked in this session has its rows from where it was parked in the table; the rows
+	// before were read as usual (some maybe published and not yet removed: not read again). A
+	// session's first check reads every row of the keys, before any event.
+	lo := map[string]int64{}
 	for _, k := range keys {
+		if all {
+			lo[k] = 0
+		} else if seq, ok := d.parked[k]; ok {
+			lo[k] = seq
+		} else {
+			lo[k] = math.MaxInt64
+		}
 		if seq := from[k]; park && seq > 0 {
 			d.parked[k] = seq
 		} else {
@@ -236,8 +249,8 @@ func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error
 			return fmt.Errorf("read back the rows of unparked keys: %w", err)
 		}
 		k := it.row.PartitionKey
-		if seq, ok := d.parked[k]; ok && it.row.Seq >= seq {
-			continue // still parked
+		if seq, ok := d.parked[k]; (ok && it.row.Seq >= seq) || it.row.Seq < lo[k] {
+			continue // still parked, or not parked
 		}
 		d.drained[k] = max(d.drained[k], it.row.Seq)
 		it.row.Metadata = []byte(metadata)

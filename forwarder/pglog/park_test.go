@@ -142,3 +142,34 @@ func TestParkedKeyThroughBackfillAndArchive(t *testing.T) {
 		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox`) == 1
 	})
 }
+
+// A parked key's rows before its dead letter are not read back while it is parked: one published
+// and not yet removed (the window's head held by a paused topic) is published once.
+func TestParkedKeyReadsNoPublishedRowAgain(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewLogicalPG(t)
+	con, _ := store.ConsoleOf(pg.Store)
+	pub := &refusing{recorder: newRecorder()}
+	run(t, relayOn(t, pg, pub, func(f *forwarder.Config, _ *pglog.Config) {
+		f.Name, f.HeartbeatInterval, f.MaxAttempts, f.ParkKeyOnDeadLetter = "parkheld", 50*time.Millisecond, 1, true
+	}))
+	pauseAndWait(t, con, "parkheld", "topic", "held")
+	writeTo(t, pg, "held", "h", 1)
+	e0 := write(t, pg, "bad", 1)[0]
+	testenv.Eventually(t, 10*time.Second, "e0 published", func() bool { return pub.has([]string{e0}) })
+	pub.refuse.Store(true)
+	write(t, pg, "bad", 1)
+	testenv.Eventually(t, 10*time.Second, "e1 dead-lettered", func() bool {
+		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE dead_lettered_at IS NOT NULL`) == 1
+	})
+	pub.refuse.Store(false)
+	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE uuid = $1::uuid`, e0); n != 1 {
+		t.Fatalf("e0's row removed already: the test needs it in the table (the window's head held)")
+	}
+	// Twenty flush intervals, each of which asks the table about the parked key.
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if n := pub.count(e0); n != 1 {
+			t.Fatalf("e0 published %d times while its key is parked", n)
+		}
+	}
+}
