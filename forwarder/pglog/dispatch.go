@@ -22,6 +22,13 @@ type entry struct {
 	nextAt time.Time
 	// extra counts the items compact dropped in favour of this one: it stands for 1 + extra.
 	extra int64
+	// readBack is a row check read back from the table: its removal waits for its check's
+	// barrier. A barrier follows the rows of one check and removes those published once it
+	// reaches the head — once every one of them is done — so that a key's rows leave the table
+	// together: a restart in the middle finds the replayed dead letter, or the archived one,
+	// still there, and reads the rest back again.
+	readBack bool
+	barrier  []*entry
 }
 
 // dispatcher publishes the items in rounds through the forwarder and moves the confirmed position
@@ -158,7 +165,7 @@ func (d *dispatcher) parkKey(key string, seq int64) {
 }
 
 // check reads from the table which of keys (nil: every key with an unpublished dead letter,
-// archived or not) are parked, behind which seq — as the polling relay's claim does, behind the
+// archived or not, or with a replayed one) are parked, behind which seq — as the polling relay's claim does, behind the
 // earliest dead letter not archived — and, with drain, appends to the window the key's rows in
 // the table that may go: every row before its dead letter, or all of them once no dead letter
 // parks it — from where the key was parked, for a key parked in this session. The key's parked
@@ -187,8 +194,10 @@ func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error
 		return fmt.Errorf("read the parked keys: %w", err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
-	rows, err := tx.Query(cctx, fmt.Sprintf(`SELECT partition_key, coalesce(min(seq) FILTER (WHERE archived_at IS NULL), 0)
-		FROM %s WHERE dead_lettered_at IS NOT NULL AND published_at IS NULL AND partition_key IS NOT NULL
+	// A key with a dead letter, or with a replayed one not yet published (its rows may have been
+	// read back by a session that stopped before they all went).
+	rows, err := tx.Query(cctx, fmt.Sprintf(`SELECT partition_key, coalesce(min(seq) FILTER (WHERE dead_lettered_at IS NOT NULL AND archived_at IS NULL), 0)
+		FROM %s WHERE (dead_lettered_at IS NOT NULL OR last_error IS NOT NULL) AND published_at IS NULL AND partition_key IS NOT NULL
 		AND ($1::text[] IS NULL OR partition_key = ANY($1)) GROUP BY partition_key`, r.table("outbox")), keys)
 	if err != nil {
 		return fmt.Errorf("read the parked keys: %w", err)
@@ -237,7 +246,7 @@ func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error
 	if err != nil {
 		return fmt.Errorf("read back the rows of unparked keys: %w", err)
 	}
-	n := 0
+	var group []*entry
 	for rows.Next() {
 		var (
 			it       item
@@ -259,14 +268,16 @@ func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error
 			it.row.UUID = *uuidText
 		}
 		// Not an item of the reader: it counts for none (see advance's popped).
-		d.fifo = append(d.fifo, &entry{item: it, extra: -1})
-		n++
+		e := &entry{item: it, extra: -1, readBack: true}
+		d.fifo = append(d.fifo, e)
+		group = append(group, e)
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
 		return fmt.Errorf("read back the rows of unparked keys: %w", err)
 	}
-	if n > 0 {
+	if n := len(group); n > 0 {
+		d.fifo = append(d.fifo, &entry{extra: -1, barrier: group})
 		r.log.Info("Log relay read back the events of keys no longer parked behind a dead letter", r.fields.Add(watermill.LogFields{"events": n}))
 	}
 	return tx.Commit(cctx)
@@ -404,7 +415,7 @@ func (d *dispatcher) eligible(now time.Time) (batch []*entry, wakeAt time.Time) 
 	if r.fwd.RelayPaused() {
 		n := 0
 		for _, e := range d.fifo[d.head:] {
-			if !e.done {
+			if !e.done && e.barrier == nil {
 				n++
 			}
 		}
@@ -420,7 +431,7 @@ func (d *dispatcher) eligible(now time.Time) (batch []*entry, wakeAt time.Time) 
 	parked, nPaused := 0, 0
 	limit := r.fcfg.BatchSize
 	for _, e := range d.fifo[d.head:] {
-		if e.done {
+		if e.done || e.barrier != nil {
 			continue
 		}
 		k := e.row.PartitionKey
@@ -601,12 +612,17 @@ func storedID(id string) (key string, text any) {
 // advance drops the done entries at the head of the window; passing a transaction's end makes its
 // position confirmable.
 func (d *dispatcher) advance() {
-	for d.head < len(d.fifo) && d.fifo[d.head].done {
+	for d.head < len(d.fifo) && (d.fifo[d.head].done || d.fifo[d.head].barrier != nil) {
 		e := d.fifo[d.head]
 		if e.end > 0 {
 			d.confirmable = max(d.confirmable, e.end)
-		} else if e.delKey != "" {
+		} else if e.delKey != "" && !e.readBack {
 			d.queueDelete(e)
+		}
+		for _, g := range e.barrier {
+			if g.delKey != "" { // published: neither dead-lettered nor parked again
+				d.queueDelete(g)
+			}
 		}
 		d.fifo[d.head] = nil
 		d.head++
@@ -646,7 +662,7 @@ func (d *dispatcher) compact() {
 				continue
 			}
 			keep.extra += 1 + e.extra
-			if e.end == 0 && e.delKey != "" {
+			if e.end == 0 && e.delKey != "" && !e.readBack {
 				d.queueDelete(e)
 			}
 		}

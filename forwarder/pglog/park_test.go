@@ -2,9 +2,15 @@ package pglog_test
 
 import (
 	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/forwarder/pglog"
 	"github.com/outboxkit/outboxkit/internal/testenv"
@@ -172,4 +178,73 @@ func TestParkedKeyReadsNoPublishedRowAgain(t *testing.T) {
 			t.Fatalf("e0 published %d times while its key is parked", n)
 		}
 	}
+}
+
+// gate refuses, as message failures, the key "bad" while refuse is set and the ids in block.
+type gate struct {
+	*recorder
+	refuse  atomic.Bool
+	mu      sync.Mutex
+	block   map[string]bool
+	refused map[string]int
+}
+
+func (g *gate) Publish(topic string, msgs ...*message.Message) error {
+	g.mu.Lock()
+	for _, m := range msgs {
+		if g.block[m.UUID] || (g.refuse.Load() && m.Metadata.Get(outboxkit.MetadataPartitionKey) == "bad") {
+			g.refused[m.UUID]++
+			g.mu.Unlock()
+			return errors.New("message too large")
+		}
+	}
+	g.mu.Unlock()
+	return g.recorder.Publish(topic, msgs...)
+}
+
+func (g *gate) refusals(id string) int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.refused[id]
+}
+
+// A relay killed while it publishes the rows a replay unparked, some gone and some not, loses
+// none: the key's rows leave the table together, so the next session finds the replayed dead
+// letter there and reads them all back.
+func TestKilledWhileUnparkingLosesNothing(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewLogicalPG(t)
+	pub := &gate{recorder: newRecorder(), block: map[string]bool{}, refused: map[string]int{}}
+	pub.refuse.Store(true)
+	r := relayOn(t, pg, pub, func(f *forwarder.Config, _ *pglog.Config) { f.MaxAttempts, f.ParkKeyOnDeadLetter = 1, true })
+	stop := run(t, r)
+	e1 := write(t, pg, "bad", 1)[0]
+	testenv.Eventually(t, 10*time.Second, "e1 dead-lettered", func() bool {
+		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE dead_lettered_at IS NOT NULL`) == 1
+	})
+	pub.refuse.Store(false)
+	e2, e3 := write(t, pg, "bad", 1)[0], write(t, pg, "bad", 1)[0]
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	pub.mu.Lock()
+	pub.block[e3] = true // fails, backing off, until the end
+	pub.mu.Unlock()
+	tune := func(f *forwarder.Config, _ *pglog.Config) { f.MaxAttempts, f.ParkKeyOnDeadLetter = 1000, true }
+	r2 := relayOn(t, pg, pub, tune)
+	pglog.CrashOnStop(r2)
+	crash := run(t, r2)
+	consoleReplay(t, pg)
+	testenv.Eventually(t, 10*time.Second, "e1 and e2 published, e3 refused a few times", func() bool {
+		return pub.has([]string{e1, e2}) && pub.refusals(e3) >= 5
+	})
+	if err := crash(); err != nil {
+		t.Fatal(err)
+	}
+	pub.mu.Lock()
+	pub.block[e3] = false
+	pub.mu.Unlock()
+	run(t, relayOn(t, pg, pub, tune))
+	testenv.Eventually(t, 10*time.Second, "e3 after the restart", func() bool { return pub.has([]string{e3}) })
+	testenv.Eventually(t, 10*time.Second, "the key's rows removed", func() bool { return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox`) == 0 })
 }
