@@ -241,19 +241,15 @@ func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error
 	if !drain || len(keys) == 0 {
 		return tx.Commit(cctx)
 	}
-	rows, err = tx.Query(cctx, fmt.Sprintf(`SELECT uuid::text, uuid_text, seq, topic, partition_key, payload, metadata, created_at
+	rows, err = tx.Query(cctx, fmt.Sprintf(`SELECT `+rowColumns+`
 		FROM %s WHERE partition_key = ANY($1) AND published_at IS NULL AND dead_lettered_at IS NULL ORDER BY seq`, r.table("outbox")), keys)
 	if err != nil {
 		return fmt.Errorf("read back the rows of unparked keys: %w", err)
 	}
 	var group []*entry
 	for rows.Next() {
-		var (
-			it       item
-			uuidText *string
-			metadata string
-		)
-		if err := rows.Scan(&it.delKey, &uuidText, &it.row.Seq, &it.row.Topic, &it.row.PartitionKey, &it.row.Payload, &metadata, &it.row.CreatedAt); err != nil {
+		it, err := scanRow(rows)
+		if err != nil {
 			rows.Close()
 			return fmt.Errorf("read back the rows of unparked keys: %w", err)
 		}
@@ -262,11 +258,6 @@ func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error
 			continue // still parked, or not parked
 		}
 		d.drained[k] = max(d.drained[k], it.row.Seq)
-		it.row.Metadata = []byte(metadata)
-		it.row.UUID = it.delKey
-		if uuidText != nil {
-			it.row.UUID = *uuidText
-		}
 		// Not an item of the reader: it counts for none (see advance's popped).
 		e := &entry{item: it, extra: -1, readBack: true}
 		d.fifo = append(d.fifo, e)

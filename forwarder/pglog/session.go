@@ -519,7 +519,7 @@ func (s *session) backfill(ctx context.Context, snapshot string, at pglogrepl.LS
 			return fmt.Errorf("backfill: take the slot's snapshot: %w", err)
 		}
 	}
-	q := fmt.Sprintf(`SELECT uuid::text, uuid_text, seq, topic, coalesce(partition_key, ''), payload, metadata, created_at
+	q := fmt.Sprintf(`SELECT `+rowColumns+`
 		FROM %s WHERE published_at IS NULL AND dead_lettered_at IS NULL AND seq > $1 ORDER BY seq LIMIT 1000`, r.table("outbox"))
 	nextStatus := time.Now().Add(time.Hour) // not streaming yet: no status to send
 	var after int64
@@ -531,19 +531,10 @@ func (s *session) backfill(ctx context.Context, snapshot string, at pglogrepl.LS
 		}
 		var batch []item
 		for rows.Next() {
-			var (
-				it       item
-				uuidText *string
-				metadata string
-			)
-			if err := rows.Scan(&it.delKey, &uuidText, &it.row.Seq, &it.row.Topic, &it.row.PartitionKey, &it.row.Payload, &metadata, &it.row.CreatedAt); err != nil {
+			it, err := scanRow(rows)
+			if err != nil {
 				rows.Close()
 				return fmt.Errorf("backfill: read the outbox: %w", err)
-			}
-			it.row.Metadata = []byte(metadata)
-			it.row.UUID = it.delKey
-			if uuidText != nil {
-				it.row.UUID = *uuidText
 			}
 			batch = append(batch, it)
 		}
@@ -573,4 +564,25 @@ func (s *session) backfill(ctx context.Context, snapshot string, at pglogrepl.LS
 	}
 	r.log.Info("Backfill read the outbox rows left in the table", r.fields.Add(watermill.LogFields{"rows": n}))
 	return nil
+}
+
+// rowColumns are the outbox columns an event is read back from the table with, in scanRow's order.
+const rowColumns = `uuid::text, uuid_text, seq, topic, coalesce(partition_key, ''), payload, metadata, created_at`
+
+// scanRow reads one outbox row selected with rowColumns into an item, as the log would carry it.
+func scanRow(rows pgx.Rows) (item, error) {
+	var (
+		it       item
+		uuidText *string
+		metadata string
+	)
+	if err := rows.Scan(&it.delKey, &uuidText, &it.row.Seq, &it.row.Topic, &it.row.PartitionKey, &it.row.Payload, &metadata, &it.row.CreatedAt); err != nil {
+		return item{}, err
+	}
+	it.row.Metadata = []byte(metadata)
+	it.row.UUID = it.delKey
+	if uuidText != nil {
+		it.row.UUID = *uuidText
+	}
+	return it, nil
 }
