@@ -41,6 +41,7 @@ func consumerTests[TTx any]() []test[TTx] {
 		{"DeadLetterUndecodablePayloadIsDeadLetteredAtOnce", deadLetterUndecodable[TTx]},
 		{"DeadLetterTransientFailureIsDeadLetteredAfterMaxDeliveries", deadLetterTransient[TTx]},
 		{"DeadLetterCrashLoopDeadLettersOnlyTheCrasher", deadLetterCrashLoop[TTx]},
+		{"DeadLetterSuspectPastSoloWaitIsNotRunAndTriedAgain", deadLetterSoloWaitTimeout[TTx]},
 		{"DeadLetterPoisonTopicThroughWatermillsPoisonQueue", deadLetterPoisonTopic[TTx]},
 		{"ReplayProcessedOnceThenDuplicate", replayOnceThenDuplicate[TTx]},
 		{"OrderGuard", orderGuard[TTx]},
@@ -873,6 +874,113 @@ func deadLetterCrashLoop[TTx any](t *testing.T, h Harness[TTx]) {
 		t.Fatalf("%d records of attempts alone left behind", n)
 	}
 	e.assertGoodMessagesFlow(t, stack, 10)
+}
+
+// crashOnce delivers msg through stack once with a handler that crashes the process: the delivery
+// is counted and never settled.
+func crashOnce(t *testing.T, stack message.HandlerFunc, msg *message.Message) {
+	t.Helper()
+	defer func() {
+		if r := recover(); r != errCrash {
+			t.Fatalf("the delivery ended with %v, want the crash", r)
+		}
+	}()
+	_, err := stack(delivery(msg))
+	t.Fatalf("the delivery returned %v; the handler was to crash", err)
+}
+
+// A suspect waits at most SoloWait for the deliveries in progress to end. Past it, it is neither
+// run beside them — were it the crasher, it would take them down again — nor dead-lettered, since
+// nothing has shown that it crashes the process: the delivery fails, the broker delivers it again,
+// and nothing of an attempt alone is recorded, so the redelivery still gets its attempt alone.
+// Not parallel: the suspect waits for the deliveries of the whole process.
+func deadLetterSoloWaitTimeout[TTx any](t *testing.T, h Harness[TTx]) {
+	e := newConsumerEnv(t, h)
+	if strings.HasPrefix(e.Store.Info().Name, "sqlite") {
+		t.Skip("SQLite runs one inbox transaction at a time: the suspect cannot be counted while the long delivery runs")
+	}
+	const maxDeliveries = 1
+	var (
+		crash   atomic.Bool
+		runs    atomic.Int32 // the suspect's handler calls
+		alone   atomic.Int32 // Deliveries the suspect's handler saw, when it ran
+		started = make(chan struct{})
+		finish  = make(chan struct{})
+	)
+	suspect := orderMsg("suspect")
+	billing := func(m *message.Message) error {
+		runs.Add(1)
+		if crash.Load() {
+			panic(errCrash)
+		}
+		alone.Store(int32(middleware.Deliveries(m.Context())))
+		return e.effect("billing")(m)
+	}
+	tune := func(soloWait time.Duration) func(*middleware.StackConfig) {
+		return func(c *middleware.StackConfig) {
+			c.MaxDeliveries, c.MaxRetries, c.SoloWait = maxDeliveries, -1, soloWait
+		}
+	}
+	crash.Store(true)
+	crashOnce(t, e.stack(t, "billing", billing, tune(30*time.Second)), suspect) // delivery 1
+	crash.Store(false)
+
+	// A long delivery of another consumer holds the gate.
+	long := e.stack(t, "shipping", func(m *message.Message) error {
+		close(started)
+		select {
+		case <-finish:
+		case <-time.After(30 * time.Second):
+			return errors.New("the test never let the long delivery end")
+		}
+		return e.effect("shipping")(m)
+	})
+	longDone := make(chan error, 1)
+	go func() {
+		_, err := long(delivery(orderMsg("long")))
+		longDone <- err
+	}()
+	<-started
+
+	_, err := e.stack(t, "billing", billing, tune(200*time.Millisecond))(delivery(suspect)) // delivery 2
+	if err == nil || !strings.Contains(err.Error(), "other deliveries still ran after 200ms") {
+		t.Fatalf("the suspect's delivery returned %v; want it to fail, the long delivery still in progress after SoloWait", err)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("the suspect's handler ran %d times, want once (its crash): past SoloWait it must not run", n)
+	}
+	if n := e.MustInt(t, `SELECT count(*) FROM {{schema}}.inbox_deliveries WHERE message_id LIKE ?`, "solo:%"); n != 0 {
+		t.Fatalf("%d records of an attempt alone; the suspect never started one", n)
+	}
+	if letters := e.deadLetters(t, store.DeadLetterFilter{Consumer: "billing"}); len(letters) != 0 {
+		t.Fatalf("dead letters %+v; a suspect that could not run alone has not shown it crashes the process", letters)
+	}
+	select {
+	case err := <-longDone:
+		t.Fatalf("the long delivery ended (%v) before the test let it", err)
+	default:
+	}
+	close(finish)
+	if err := <-longDone; err != nil {
+		t.Fatalf("the long delivery: %v", err)
+	}
+
+	if _, err := e.stack(t, "billing", billing, tune(30*time.Second))(delivery(suspect)); err != nil { // delivery 3
+		t.Fatalf("the suspect's redelivery: %v", err)
+	}
+	if runs.Load() != 2 || alone.Load() != 3 {
+		t.Fatalf("the suspect's handler ran %d times, the last on delivery %d; want its attempt alone on delivery 3",
+			runs.Load(), alone.Load())
+	}
+	if n := e.count(t, "effects", "billing", suspect.UUID); n != 1 {
+		t.Fatalf("%d effects of the suspect, want 1", n)
+	}
+	if letters := e.deadLetters(t, store.DeadLetterFilter{}); len(letters) != 0 {
+		t.Fatalf("dead letters %+v, want none", letters)
+	}
+	if n := e.MustInt(t, `SELECT count(*) FROM {{schema}}.inbox_deliveries WHERE message_id LIKE ?`, "solo:%"); n != 0 {
+		t.Fatalf("%d records of attempts alone left behind", n)
+	}
 }
 
 // With a poison topic, a dead-lettered message also goes there through Watermill's PoisonQueue, as
