@@ -390,6 +390,8 @@ func batchMisconfigured[TTx any](t *testing.T, h Harness[TTx]) {
 // with it, however often they were counted, are processed once each and never dead-lettered.
 // Not parallel: the attempts alone hold the gate of the whole process.
 func batchCrashLoop[TTx any](t *testing.T, h Harness[TTx]) {
+	suspects.Lock()
+	defer suspects.Unlock()
 	e := newConsumerEnv(t, h)
 	if strings.HasPrefix(e.Store.Info().Name, "sqlite") {
 		t.Skip("SQLite runs one inbox transaction at a time: the other consumer's batch cannot be in flight when the process dies")

@@ -775,12 +775,20 @@ func deadLetterTransient[TTx any](t *testing.T, h Harness[TTx]) {
 // delivery the "process" had in flight ends unsettled with it.
 var errCrash = errors.New("the consumer process died")
 
+// suspects is held by the tests with a suspect of crashing the process, which waits to run alone
+// in it — the whole test binary, as the gate is process-wide — while their other deliveries wait
+// for the process to die: two of them at once would each wait for the other's deliveries, which
+// wait behind the other's suspect, until SoloWait ran out.
+var suspects sync.Mutex
+
 // A process handling several messages at once (backends.Options.Unacked > 1, prefetch) that one of
 // them crashes, again and again, takes the others in flight with it at each exit, and each exit
 // counts a delivery of every one of them. Only the crasher is dead-lettered — after its attempt
 // alone in the process, on delivery MaxDeliveries + 2 — and the others are processed once each.
 // Not parallel: the attempt alone holds the gate of the whole process.
 func deadLetterCrashLoop[TTx any](t *testing.T, h Harness[TTx]) {
+	suspects.Lock()
+	defer suspects.Unlock()
 	e := newConsumerEnv(t, h)
 	if strings.HasPrefix(e.Store.Info().Name, "sqlite") {
 		t.Skip("SQLite runs one inbox transaction at a time: the deliveries in flight cannot all be in their handlers when the process dies")
@@ -895,6 +903,8 @@ func crashOnce(t *testing.T, stack message.HandlerFunc, msg *message.Message) {
 // and nothing of an attempt alone is recorded, so the redelivery still gets its attempt alone.
 // Not parallel: the suspect waits for the deliveries of the whole process.
 func deadLetterSoloWaitTimeout[TTx any](t *testing.T, h Harness[TTx]) {
+	suspects.Lock()
+	defer suspects.Unlock()
 	e := newConsumerEnv(t, h)
 	if strings.HasPrefix(e.Store.Info().Name, "sqlite") {
 		t.Skip("SQLite runs one inbox transaction at a time: the suspect cannot be counted while the long delivery runs")
