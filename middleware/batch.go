@@ -346,11 +346,11 @@ var errPastDedupWindow = errors.New("a message older than the dedup window")
 func (c *BatchConsumer) inTransaction(run []*message.Message) (err error) {
 	ctx := run[0].Context()
 	// A batch runs with the process's other deliveries, never beside a suspect running alone.
-	release, err := holdShared(ctx)
+	hold, err := holdShared(ctx)
 	if err != nil {
 		return err
 	}
-	defer release()
+	defer hold.release()
 	session := c.cfg.Store.Session()
 	tx, err := session.BeginInbox(ctx)
 	if err != nil {
@@ -380,7 +380,7 @@ func (c *BatchConsumer) inTransaction(run []*message.Message) (err error) {
 		if created, ok := outboxkit.CreatedAt(m); ok && now.Sub(created) > c.cfg.DedupWindow {
 			return errPastDedupWindow
 		}
-		if err := c.apply(m, d, tx); err != nil {
+		if err := c.apply(m, d, tx, hold); err != nil {
 			return err
 		}
 	}
@@ -397,10 +397,10 @@ func (c *BatchConsumer) inTransaction(run []*message.Message) (err error) {
 
 // apply runs the handler for one message in the batch's transaction and writes what it returns
 // into the outbox there.
-func (c *BatchConsumer) apply(m *message.Message, d *delivery, tx store.InboxTx) (err error) {
+func (c *BatchConsumer) apply(m *message.Message, d *delivery, tx store.InboxTx, hold *gateHold) (err error) {
 	ctx := m.Context()
 	d.inbox = tx
-	m.SetContext(withPublishTopic(outboxkit.WithTx(ctx, tx.User()), c.cfg.PublishTopic))
+	m.SetContext(withPublishTopic(outboxkit.WithTx(hold.bind(ctx), tx.User()), c.cfg.PublishTopic))
 	defer func() {
 		m.SetContext(ctx)
 		d.inbox = nil

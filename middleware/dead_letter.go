@@ -178,11 +178,14 @@ var errGateNotTaken = errors.New("the delivery ended while it waited for a messa
 // beside runs the handler with the process's other deliveries, not beside a suspect running alone.
 // The gate is released even if the handler panics (a recoverer further out may keep the process).
 func (dl *deadLetter) beside(h message.HandlerFunc, msg *message.Message) ([]*message.Message, error) {
-	release, err := holdShared(msg.Context())
+	ctx := msg.Context()
+	hold, err := holdShared(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", errGateNotTaken, err)
 	}
-	defer release()
+	defer hold.release()
+	msg.SetContext(hold.bind(ctx)) // a delivery the handler runs inside this one shares its hold
+	defer msg.SetContext(ctx)
 	return h(msg)
 }
 
@@ -193,7 +196,7 @@ func (dl *deadLetter) beside(h message.HandlerFunc, msg *message.Message) ([]*me
 func (dl *deadLetter) alone(h message.HandlerFunc, msg *message.Message, d *delivery) ([]*message.Message, error) {
 	ctx := msg.Context()
 	wait, cancel := context.WithTimeout(ctx, dl.cfg.SoloWait)
-	release, err := holdAlone(wait)
+	hold, err := holdAlone(wait)
 	cancel()
 	if err != nil {
 		if ctx.Err() != nil {
@@ -203,7 +206,9 @@ func (dl *deadLetter) alone(h message.HandlerFunc, msg *message.Message, d *deli
 			"to tell whether it crashes it, but other deliveries still ran after %s; it is tried again on its redelivery",
 			msg.UUID, d.count, dl.cfg.SoloWait)
 	}
-	defer release()
+	defer hold.release()
+	msg.SetContext(hold.bind(ctx))
+	defer msg.SetContext(ctx)
 	key := soloKey(msg.UUID)
 	if !d.soloStarted {
 		// Committed before the handler runs, as the delivery count is: a crash leaves it behind.

@@ -15,6 +15,9 @@ import (
 // delivery is what the middlewares learn about one delivery of a message, shared through the
 // message context from the outermost middleware inward.
 type delivery struct {
+	// msg is the message delivered: one handled inside another's handler, with a context derived
+	// from the other's, is a delivery of its own.
+	msg          *message.Message
 	count        int  // persistent delivery count; 0 when DeliveryCount is not in the stack
 	counted      bool // DeliveryCount has counted this delivery (in-process retries do not count again)
 	duplicate    bool
@@ -44,10 +47,10 @@ type deliveryKey struct{}
 
 // deliveryOf returns the message's delivery record, attaching one when there is none yet.
 func deliveryOf(msg *message.Message) *delivery {
-	if d, ok := msg.Context().Value(deliveryKey{}).(*delivery); ok {
+	if d, ok := msg.Context().Value(deliveryKey{}).(*delivery); ok && d.msg == msg {
 		return d
 	}
-	d := &delivery{}
+	d := &delivery{msg: msg}
 	msg.SetContext(context.WithValue(msg.Context(), deliveryKey{}, d))
 	return d
 }

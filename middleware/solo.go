@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"math"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/semaphore"
@@ -18,22 +19,92 @@ const DefaultSoloWait = time.Minute
 // suspect exclusively. It is process-wide, as a crash is: every consumer of the process loses what
 // it had in flight. Waiters are served in arrival order, so a suspect waiting for the gate holds
 // back the deliveries that arrive after it and gets it once those in progress end.
+//
+// A delivery run inside another's handler — an outboxkit stack called with a context derived from
+// the message being handled — runs under the hold around it rather than queueing again: behind a
+// suspect that waits for the outer delivery to end, it would wait for that suspect, and both
+// would stall until SoloWait ran out.
 var gate = semaphore.NewWeighted(math.MaxInt64)
 
-// holdShared takes the gate for one delivery (or batch); release gives it back.
-func holdShared(ctx context.Context) (release func(), err error) {
+// gateHold is one hold of the gate, shared by the deliveries that run under it: the delivery that
+// took it and those its handler runs. The gate is given back when the last of them ends.
+type gateHold struct {
+	mu     sync.Mutex
+	users  int
+	weight int64
+	alone  bool
+	parent *gateHold // the shared hold a suspect run inside another delivery's handler stands on
+}
+
+type gateKey struct{}
+
+// bind returns ctx carrying h, for the handler that runs under it.
+func (h *gateHold) bind(ctx context.Context) context.Context {
+	if held, _ := ctx.Value(gateKey{}).(*gateHold); held == h {
+		return ctx
+	}
+	return context.WithValue(ctx, gateKey{}, h)
+}
+
+// join makes one more user of h, unless it was given back already.
+func (h *gateHold) join() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.users == 0 {
+		return false
+	}
+	h.users++
+	return true
+}
+
+// release ends one user of h; the last gives the gate back.
+func (h *gateHold) release() {
+	h.mu.Lock()
+	h.users--
+	last := h.users == 0
+	h.mu.Unlock()
+	if last {
+		gate.Release(h.weight)
+		if h.parent != nil {
+			h.parent.release()
+		}
+	}
+}
+
+// holdShared takes the gate for one delivery (or batch), or joins the hold in ctx: the delivery
+// runs inside another's handler, which holds the gate already.
+func holdShared(ctx context.Context) (*gateHold, error) {
+	if h, ok := ctx.Value(gateKey{}).(*gateHold); ok && h.join() {
+		return h, nil
+	}
 	if err := gate.Acquire(ctx, 1); err != nil {
 		return nil, err
 	}
-	return func() { gate.Release(1) }, nil
+	return &gateHold{users: 1, weight: 1}, nil
 }
 
 // holdAlone takes the gate for a suspect: no other delivery of the process runs until release.
-func holdAlone(ctx context.Context) (release func(), err error) {
-	if err := gate.Acquire(ctx, math.MaxInt64); err != nil {
+// Inside the handler of a suspect running alone, it joins that hold. Inside another delivery's
+// handler, it waits for every other delivery to end but the one it runs inside, whose share it
+// keeps: the suspect then runs alone but for the deliveries it is part of, which would die with it
+// anyway.
+func holdAlone(ctx context.Context) (*gateHold, error) {
+	outer, ok := ctx.Value(gateKey{}).(*gateHold)
+	if !ok || !outer.join() {
+		if err := gate.Acquire(ctx, math.MaxInt64); err != nil {
+			return nil, err
+		}
+		return &gateHold{users: 1, weight: math.MaxInt64, alone: true}, nil
+	}
+	if outer.alone {
+		return outer, nil
+	}
+	// The outer delivery's share, which join keeps, and the rest of the gate: no other share.
+	if err := gate.Acquire(ctx, math.MaxInt64-outer.weight); err != nil {
+		outer.release()
 		return nil, err
 	}
-	return func() { gate.Release(math.MaxInt64) }, nil
+	return &gateHold{users: 1, weight: math.MaxInt64 - outer.weight, alone: true, parent: outer}, nil
 }
 
 // soloKey is the delivery-count key under which a suspect's attempt alone is recorded: a row of
