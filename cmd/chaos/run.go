@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -154,6 +156,7 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 
 	// Load and faults, together, for o.duration.
 	l := newLedger()
+	var machineLoad loadWatch
 	loadEnd := time.Now().Add(o.duration)
 	cl := &client{base: base, http: &http.Client{Timeout: 15 * time.Second}, l: l, o: o,
 		rnd: (&lockedRand{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))}).Float64, giveUp: loadEnd.Add(o.drain / 2)}
@@ -164,7 +167,7 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 	var faultsDone sync.WaitGroup
 	faultsDone.Add(1)
 	go func() { defer faultsDone.Done(); in.run(loadCtx) }()
-	progress := startProgress(loadCtx, logf, l, biz)
+	progress := startProgress(loadCtx, logf, l, biz, &machineLoad)
 	cl.offer(loadCtx)
 	faultsDone.Wait()
 	progress()
@@ -204,7 +207,7 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("the checker: %w", err)
 	}
-	report(o, in, procs, relays, consumerProcs, l, v, drained)
+	report(o, in, procs, relays, consumerProcs, l, v, drained, machineLoad.highest())
 	return v.violations() == 0 && drained && len(in.errors) == 0, nil
 }
 
@@ -238,8 +241,46 @@ func waitHealthy(ctx context.Context, base string, within time.Duration) error {
 	}
 }
 
-// startProgress prints a line every 10 s while the load runs.
-func startProgress(ctx context.Context, logf func(string, ...any), l *ledger, biz tables) (stop func()) {
+// overloaded is the 1-minute load average per core above which a run's latency figures say more
+// about what else ran on the machine than about the system under test (the soak itself keeps about
+// one core busy).
+const overloaded = 2.0
+
+// loadWatch keeps the highest 1-minute load average seen while the load runs (0 where
+// /proc/loadavg cannot be read).
+type loadWatch struct {
+	mu  sync.Mutex
+	max float64
+}
+
+// sample reads the 1-minute load average, records it and returns it (-1 when unreadable).
+func (w *loadWatch) sample() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return -1
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return -1
+	}
+	v, err := strconv.ParseFloat(f[0], 64)
+	if err != nil {
+		return -1
+	}
+	w.mu.Lock()
+	w.max = max(w.max, v)
+	w.mu.Unlock()
+	return v
+}
+
+func (w *loadWatch) highest() float64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.max
+}
+
+// startProgress prints a line every 10 s while the load runs, with the machine's load average.
+func startProgress(ctx context.Context, logf func(string, ...any), l *ledger, biz tables, load *loadWatch) (stop func()) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -259,14 +300,14 @@ func startProgress(ctx context.Context, logf func(string, ...any), l *ledger, bi
 				logf("progress: %d orders answered; the database did not answer: %v", placed, err)
 				continue
 			}
-			logf("progress: %d orders answered, %d POSTs retried; outbox pending %d; handled shipping %d billing %d search %d",
-				placed, l.retries.Load(), pending, n["shipping"], n["billing"], n["search"])
+			logf("progress: %d orders answered, %d POSTs retried; outbox pending %d; handled shipping %d billing %d search %d; load %.1f",
+				placed, l.retries.Load(), pending, n["shipping"], n["billing"], n["search"], load.sample())
 		}
 	}()
 	return func() { <-done }
 }
 
-func report(o options, in *injector, procs, relays, consumerProcs []*proc, l *ledger, v *verdict, drained bool) {
+func report(o options, in *injector, procs, relays, consumerProcs []*proc, l *ledger, v *verdict, drained bool, load float64) {
 	held := "yes"
 	if v.violations() > 0 || !drained {
 		held = "NO"
@@ -337,6 +378,13 @@ func report(o options, in *injector, procs, relays, consumerProcs []*proc, l *le
 			percentile(l, 0.99).Round(time.Millisecond), percentile(l, 1).Round(time.Millisecond)))
 	}
 	fmt.Printf("commit→effect per consumer: %s\n", strings.Join(each, "; "))
+	if load > 0 {
+		fmt.Printf("machine: highest 1-minute load average %.1f on %d cores during the load", load, runtime.NumCPU())
+		if load > overloaded*float64(runtime.NumCPU()) {
+			fmt.Print(" — OVERLOADED: the latency figures above measure the machine, not the system; the invariants still hold or not")
+		}
+		fmt.Println()
+	}
 	for _, e := range in.errors {
 		fmt.Printf("a fault could not be injected: %s\n", e)
 	}
