@@ -18,6 +18,8 @@ import (
 	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/eapache/go-resiliency/breaker"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends"
@@ -70,7 +72,7 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 		Publisher: bounded,
 		Lag:       klag.read,
 		NewSubscriber: func(group string) (backends.Subscriber, error) {
-			sub := &kafkaSubscriber{brokers: brokers, group: group, config: kafkaSubscriberConfig, marshaler: marshaler,
+			sub := &kafkaSubscriber{brokers: brokers, group: group, marshaler: marshaler,
 				unacked: max(opts.Unacked, 1), instanceID: opts.KafkaInstanceID, logger: opts.Logger}
 			return brokerio.NewRetryingSubscriber(sub, group, classifyKafka, opts.Logger), nil
 		},
@@ -116,53 +118,38 @@ func (m kafkaMarshaler) Unmarshal(cm *sarama.ConsumerMessage) (*message.Message,
 	return msg, nil
 }
 
-// kafkaSubscriberConfig is a consumer group member's Sarama configuration: a new group reads from
-// the oldest offset, and offsets are committed by the subscriber itself (see kafkaSubscriber).
-func kafkaSubscriberConfig() *sarama.Config {
-	cfg := sarama.NewConfig()
-	cfg.ClientID = "outboxkit"
-	cfg.Consumer.Return.Errors = true
-	cfg.Consumer.Offsets.Initial = sarama.OffsetOldest // a new group reads what was published before it joined
-	cfg.Consumer.Offsets.AutoCommit.Enable = false
-	cfg.Net.DialTimeout = 5 * time.Second
-	kafkaGroupTimeouts(cfg)
-	return cfg
-}
-
-// kafkaVersion is the protocol version spoken: Kafka 2.8 (2021) or newer. From 2.2 on a new member
-// joins in two steps (KIP-394): the broker hands out a member id first and forgets it if the
-// member never comes back; with Sarama's default 2.1 a member that dies or gives up mid-join
-// stays in the group, and every rebalance waits for it.
+// kafkaVersion is the protocol version the producer and the lag reader speak: Kafka 2.8 (2021) or
+// newer.
 var kafkaVersion = sarama.V2_8_0_0
 
-// Group timeouts. A JoinGroup request is answered only when the rebalance completes, which may take
-// up to the rebalance timeout, and Sarama waits for every response at most Net.ReadTimeout: with
-// its defaults (rebalance 60s, read 30s) a member that joins a group with a dead member gives up
-// its join after 30s, watermill-kafka opens a new consumer group with a new member id, and the
-// group rebalances again, for ever — a consumer killed with SIGKILL could wedge its group. So the
-// read timeout outlasts the rebalance timeout, and a dead member is noticed after a short session
-// timeout. Every member of a group must use these: a member whose rebalance timeout exceeds
-// kafkaReadTimeout (stock watermill-kafka's 60s) makes the others' joins time out while it is there.
+// Group timeouts. A member that dies is noticed after a short session timeout; a member has the
+// rebalance timeout to rejoin when the group changes — and, since part of it, to finish the records
+// of the partitions it gives up and commit them. Every member of a group must use these: Kafka
+// takes the largest rebalance timeout of the group's members.
 const (
 	kafkaRebalanceTimeout = 20 * time.Second // also the time a member has to finish its messages when partitions move
-	kafkaReadTimeout      = kafkaRebalanceTimeout + 10*time.Second
-	kafkaSessionTimeout   = 6 * time.Second // Kafka's smallest default group.min.session.timeout.ms
+	kafkaSessionTimeout   = 6 * time.Second  // Kafka's smallest default group.min.session.timeout.ms
 	kafkaHeartbeat        = 2 * time.Second
 )
 
-func kafkaGroupTimeouts(cfg *sarama.Config) {
-	cfg.Version = kafkaVersion
-	cfg.Consumer.Group.Rebalance.Timeout = kafkaRebalanceTimeout
-	cfg.Net.ReadTimeout = kafkaReadTimeout
-	cfg.Consumer.Group.Session.Timeout = kafkaSessionTimeout
-	cfg.Consumer.Group.Heartbeat.Interval = kafkaHeartbeat
-}
-
 // classifyKafka marks the errors that mean the cluster could not take the message now.
 func classifyKafka(err error) error {
-	var kerr sarama.KError
-	if errors.As(err, &kerr) {
-		switch kerr {
+	if ke, ok := errors.AsType[*kerr.Error](err); ok { // franz-go's, from the consumer
+		switch ke {
+		case kerr.SaslAuthenticationFailed, kerr.TopicAuthorizationFailed, kerr.ClusterAuthorizationFailed,
+			kerr.GroupAuthorizationFailed, kerr.TransactionalIDAuthorizationFailed:
+			return outboxkit.AccessDenied(err)
+		case kerr.MessageTooLarge, kerr.CorruptMessage, kerr.InvalidTopicException, kerr.InvalidRecord, kerr.RecordListTooLarge:
+			return outboxkit.Permanent(err)
+		}
+		return outboxkit.Unreachable(err)
+	}
+	if errors.Is(err, kgo.ErrClientClosed) {
+		return outboxkit.Unreachable(err)
+	}
+	var serr sarama.KError
+	if errors.As(err, &serr) {
+		switch serr {
 		case sarama.ErrSASLAuthenticationFailed, sarama.ErrTopicAuthorizationFailed, sarama.ErrClusterAuthorizationFailed,
 			sarama.ErrGroupAuthorizationFailed, sarama.ErrTransactionalIDAuthorizationFailed:
 			return outboxkit.AccessDenied(err)

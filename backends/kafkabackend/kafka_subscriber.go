@@ -4,15 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
@@ -37,23 +42,33 @@ const kafkaCommitEvery = time.Second
 // kafkaNackDelay is how long a nacked record waits before it is handed out again.
 const kafkaNackDelay = 100 * time.Millisecond
 
-// kafkaSubscriber reads a topic through a consumer group with Sarama, in watermill-kafka's format,
-// and commits offsets itself. It replaces watermill-kafka's subscriber for two things:
+// kafkaBalancer assigns a group's partitions. The cooperative sticky balancer moves only the
+// partitions that must move (KIP-429): a member joining or leaving the group, or a restarted one
+// coming back, takes partitions from the others without stopping them on the partitions they keep.
+var kafkaBalancer = kgo.CooperativeStickyBalancer
+
+// kafkaSubscriber reads a topic through a consumer group with franz-go, in watermill-kafka's
+// format, and commits offsets itself. It is a consumer group member that
 //
-//   - It says which deliveries are first ones (outboxkit.WithRedelivered), from the offsets: a
+//   - is balanced cooperatively (kafkaBalancer): when the group changes, only the partitions that
+//     move are revoked; a member goes on delivering the partitions it keeps.
+//   - says which deliveries are first ones (outboxkit.WithRedelivered), from the offsets: a
 //     record at or past the horizon committed with the partition's offset (see horizonPrefix) was
 //     never handed to a member of the group; one below it may have been (a member read it and died
 //     before committing), and so may any record of a partition whose horizon is unknown (committed
 //     by another client) that was already there when the partition was assigned. A record handed
 //     out again after a nack is a redelivery. middleware.DeliveryCount then writes nothing for a
 //     first delivery that succeeds.
-//   - It hands out up to unacked records of each partition before the first is acknowledged, in
+//   - hands out up to unacked records of each partition before the first is acknowledged, in
 //     offset order, so that a batching consumer (middleware.BatchConsumer) fills its batches; the
 //     offset committed is that of the first record not acknowledged.
+//   - gives a revoked partition up cleanly: its records handed out have a moment to be settled,
+//     and what was acknowledged is committed before the group may assign the partition to another
+//     member. A partition lost (the member was fenced out of the group) is abandoned at once: its
+//     records' contexts end and nothing is committed, as the group has moved on.
 type kafkaSubscriber struct {
 	brokers   []string
 	group     string
-	config    func() *sarama.Config
 	marshaler kafkaMarshaler
 	unacked   int
 	// instanceID, when set, makes each subscription a static member, named instanceID.topic.
@@ -66,16 +81,33 @@ type kafkaSubscriber struct {
 // acknowledged.
 func (s *kafkaSubscriber) Unacked() int { return s.unacked }
 
+// kafkaClientOpts are what every client of the subscriber is made with.
+func (s *kafkaSubscriber) kafkaClientOpts() []kgo.Opt {
+	return []kgo.Opt{kgo.SeedBrokers(s.brokers...), kgo.ClientID("outboxkit"), kgo.DialTimeout(5 * time.Second)}
+}
+
 // SubscribeInitialize creates the topic with the broker's defaults (partitions, replication) if it
 // does not exist: a new group reads it from its oldest offset.
 func (s *kafkaSubscriber) SubscribeInitialize(topic string) error {
-	admin, err := sarama.NewClusterAdmin(s.brokers, s.config())
+	cl, err := kgo.NewClient(s.kafkaClientOpts()...)
 	if err != nil {
-		return classifyKafka(fmt.Errorf("kafka subscriber: connect: %w", err))
+		return fmt.Errorf("kafka subscriber: %w", err)
 	}
-	defer admin.Close()
-	err = admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: -1, ReplicationFactor: -1}, false)
-	if err != nil && !errors.Is(err, sarama.ErrTopicAlreadyExists) && !strings.Contains(err.Error(), "already exists") {
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrCreateTopicsRequest()
+	req.TimeoutMillis = 15000
+	t := kmsg.NewCreateTopicsRequestTopic()
+	t.Topic, t.NumPartitions, t.ReplicationFactor = topic, -1, -1
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, cl)
+	if err == nil && len(resp.Topics) == 1 {
+		if err = kerr.ErrorForCode(resp.Topics[0].ErrorCode); errors.Is(err, kerr.TopicAlreadyExists) {
+			err = nil
+		}
+	}
+	if err != nil {
 		return classifyKafka(fmt.Errorf("kafka subscriber: create topic %s: %w", topic, err))
 	}
 	return nil
@@ -88,141 +120,421 @@ func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if !s.life.Enter(1) {
 		return nil, errors.New("kafka subscriber is closed")
 	}
-	cfg := s.config()
+	sctx, stop := context.WithCancel(ctx)
+	c := &kafkaConsumer{s: s, ctx: sctx, topic: topic, out: make(chan *message.Message, s.unacked),
+		claims: map[int32]*kafkaClaim{}, fields: watermill.LogFields{"topic": topic, "consumer_group": s.group}}
+	opts := append(s.kafkaClientOpts(),
+		kgo.ConsumerGroup(s.group),
+		kgo.ConsumeTopics(topic),
+		kgo.Balancers(kafkaBalancer()),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), // a new group reads what was published before it joined
+		kgo.DisableAutoCommit(),                           // a claim commits what was settled, in order
+		kgo.BlockRebalanceOnPoll(),                        // records polled are dispatched before partitions move
+		kgo.FetchMaxWait(500*time.Millisecond),            // a partition resumed is fetched again soon
+		kgo.SessionTimeout(kafkaSessionTimeout),
+		kgo.RebalanceTimeout(kafkaRebalanceTimeout),
+		kgo.HeartbeatInterval(kafkaHeartbeat),
+		kgo.OnPartitionsAssigned(c.assigned),
+		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, tps map[string][]int32) { c.revoked(tps, false) }),
+		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, tps map[string][]int32) { c.revoked(tps, true) }),
+	)
 	if s.instanceID != "" {
-		cfg.Consumer.Group.InstanceId = s.instanceID + "." + topic
+		opts = append(opts, kgo.InstanceID(s.instanceID+"."+topic))
 	}
-	client, err := sarama.NewClient(s.brokers, cfg)
-	if err != nil {
-		s.life.Leave()
-		return nil, classifyKafka(fmt.Errorf("kafka subscriber %s: connect: %w", s.group, err))
+	cl, err := kgo.NewClient(opts...)
+	if err == nil {
+		err = kafkaCheck(ctx, cl, topic)
+		if err != nil {
+			cl.Close()
+		}
 	}
-	group, err := sarama.NewConsumerGroupFromClient(s.group, client)
 	if err != nil {
-		_ = client.Close()
+		stop()
 		s.life.Leave()
 		return nil, classifyKafka(fmt.Errorf("kafka subscriber %s: %w", s.group, err))
 	}
-	out := make(chan *message.Message, s.unacked)
-	sctx, stop := context.WithCancel(ctx)
-	h := &kafkaGroupHandler{s: s, ctx: sctx, client: client, topic: topic, out: out,
-		fields: watermill.LogFields{"topic": topic, "consumer_group": s.group}}
+	c.cl = cl
 	go func() {
 		defer s.life.Leave()
-		defer close(out)
+		defer close(c.out)
 		defer stop()
-		var loops sync.WaitGroup
-		loops.Add(2)
+		watched := make(chan struct{})
 		go func() {
-			defer loops.Done()
+			defer close(watched)
 			select {
 			case <-sctx.Done():
 			case <-s.life.Closing():
 				stop()
 			}
 		}()
-		go func() {
-			defer loops.Done()
-			for err := range group.Errors() {
-				s.logger.Error("Kafka consumer group error", err, h.fields)
-			}
-		}()
-		for attempt := 1; sctx.Err() == nil; {
-			err := group.Consume(sctx, []string{topic}, h)
-			if sctx.Err() != nil {
-				break
-			}
-			if err == nil {
-				attempt = 1
-				continue // a rebalance: join again
-			}
-			wait := kafkaRetry.Delay(attempt)
-			attempt++
-			s.logger.Error("Cannot consume from Kafka, retrying", err, h.fields.Add(watermill.LogFields{"retry_in": wait}))
-			select {
-			case <-sctx.Done():
-			case <-time.After(wait):
-			}
-		}
-		_ = group.Close() // closes Errors
-		_ = client.Close()
-		h.settling.Wait()
-		loops.Wait()
+		c.poll()
+		// Leaving (or, for a static member, only stopping) revokes what is assigned: each claim
+		// commits what was acknowledged.
+		cl.CloseAllowingRebalance()
+		c.revokeAll(false)
+		c.settling.Wait()
+		<-watched
 	}()
-	return out, nil
+	return c.out, nil
 }
 
-// kafkaRetry paces the attempts to consume after a failed one.
+// kafkaCheck asks the cluster for the topic's metadata: an unreachable cluster or a refused
+// client is told at Subscribe, not only in the logs later.
+func kafkaCheck(ctx context.Context, cl *kgo.Client, topic string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrMetadataRequest()
+	t := kmsg.NewMetadataRequestTopic()
+	t.Topic = kmsg.StringPtr(topic)
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, cl)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	for _, t := range resp.Topics {
+		if err := kerr.ErrorForCode(t.ErrorCode); err != nil && !errors.Is(err, kerr.UnknownTopicOrPartition) {
+			return fmt.Errorf("topic %s: %w", topic, err)
+		}
+	}
+	return nil
+}
+
+// kafkaRetry paces the attempts to read a group's offsets when partitions are assigned.
 var kafkaRetry = outboxkit.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second, Multiplier: 2, Jitter: 0.2}
 
 // Close ends every subscription and waits for them.
 func (s *kafkaSubscriber) Close() error { return s.life.Close(nil) }
 
-// kafkaGroupHandler is a subscription's sarama.ConsumerGroupHandler.
-type kafkaGroupHandler struct {
+// kafkaPollMax is how many records one poll takes at most.
+const kafkaPollMax = 1000
+
+// kafkaConsumer is a subscription: a group member that polls the topic and hands each partition's
+// records to that partition's claim.
+type kafkaConsumer struct {
 	s        *kafkaSubscriber
 	ctx      context.Context // the subscription's
-	client   sarama.Client
+	cl       *kgo.Client
 	topic    string
 	out      chan *message.Message
 	fields   watermill.LogFields
-	settling sync.WaitGroup
+	settling sync.WaitGroup           // the claims and their goroutines
+	topicID  atomic.Pointer[[16]byte] // what OffsetCommit v10 names the topic by
 
-	mu       sync.Mutex
-	horizons map[int32]int64 // per partition of the session: records from here on are first deliveries
-	commits  map[int32]int64 // per partition: the horizon committed, -1 none
+	mu     sync.Mutex
+	claims map[int32]*kafkaClaim // the partitions assigned
 }
 
-// Setup reads, for each partition assigned, the horizon its previous owner committed.
-func (h *kafkaGroupHandler) Setup(sess sarama.ConsumerGroupSession) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.horizons, h.commits = map[int32]int64{}, map[int32]int64{}
-	partitions := sess.Claims()[h.topic]
-	h.s.logger.Info("Kafka partitions assigned", h.fields.Add(watermill.LogFields{
-		"generation": sess.GenerationID(), "member": sess.MemberID(), "partitions": fmt.Sprint(partitions)}))
-	if len(partitions) == 0 {
-		return nil
-	}
-	coordinator, err := h.client.Coordinator(h.s.group)
-	if err != nil {
-		return err
-	}
-	req := sarama.NewOffsetFetchRequest(h.client.Config().Version, h.s.group, map[string][]int32{h.topic: partitions})
-	resp, err := coordinator.FetchOffset(req)
-	if err != nil {
-		_ = h.client.RefreshCoordinator(h.s.group)
-		return err
-	}
-	for _, p := range partitions {
-		h.commits[p] = -1
-		block := resp.GetBlock(h.topic, p)
-		if block == nil || block.Err != sarama.ErrNoError {
-			return fmt.Errorf("read the committed offset of %s/%d: %v", h.topic, p, block)
+// poll dispatches the records polled to their claims until the subscription ends. Rebalances wait
+// while a poll's records are dispatched (BlockRebalanceOnPoll), which never blocks: a claim whose
+// queue fills pauses its partition instead.
+func (c *kafkaConsumer) poll() {
+	for {
+		fetches := c.cl.PollRecords(c.ctx, kafkaPollMax)
+		if c.ctx.Err() != nil {
+			c.cl.AllowRebalance()
+			return
 		}
-		if v, ok := strings.CutPrefix(block.Metadata, horizonPrefix); ok {
-			if horizon, err := strconv.ParseInt(v, 10, 64); err == nil {
-				h.horizons[p], h.commits[p] = horizon, horizon
-				continue
+		fetches.EachError(func(topic string, p int32, err error) {
+			if !errors.Is(err, context.Canceled) && !errors.Is(err, kgo.ErrClientClosed) {
+				c.s.logger.Error("Cannot fetch from Kafka", err, c.fields.Add(watermill.LogFields{"partition": p}))
+			}
+		})
+		var pause []int32
+		c.mu.Lock()
+		fetches.EachRecord(func(r *kgo.Record) {
+			if claim := c.claims[r.Partition]; claim != nil && r.Topic == c.topic && claim.push(r) {
+				pause = append(pause, r.Partition)
+			}
+		})
+		c.mu.Unlock()
+		if len(pause) > 0 {
+			c.cl.PauseFetchPartitions(map[string][]int32{c.topic: pause})
+		}
+		c.cl.AllowRebalance()
+	}
+}
+
+// assigned starts a claim for each partition assigned, after reading the horizons their previous
+// owners committed. Fetching begins once it returns.
+func (c *kafkaConsumer) assigned(ctx context.Context, _ *kgo.Client, tps map[string][]int32) {
+	partitions := tps[c.topic]
+	if len(partitions) == 0 {
+		return
+	}
+	member, generation := c.cl.GroupMetadata()
+	c.s.logger.Info("Kafka partitions assigned", c.fields.Add(watermill.LogFields{
+		"generation": generation, "member": member, "partitions": fmt.Sprint(partitions)}))
+	if c.topicID.Load() == nil {
+		if err := c.readTopicID(ctx); err != nil {
+			logs.Warn(c.s.logger, "Cannot read the topic's id; offsets are committed by its name", err, c.fields)
+		}
+	}
+	horizons := c.horizons(ctx, partitions)
+	c.cl.ResumeFetchPartitions(map[string][]int32{c.topic: partitions}) // a claim starts with an empty queue
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range partitions {
+		if old := c.claims[p]; old != nil { // not expected: a partition is revoked before it is assigned again
+			old.end(true)
+			<-old.done
+		}
+		h := horizons[p]
+		cctx, cancel := context.WithCancel(c.ctx)
+		claim := &kafkaClaim{c: c, p: p, ctx: cctx, cancel: cancel, vouchFrom: h.vouchFrom, handedFrom: h.handedFrom,
+			committed: h.committed, wake: make(chan struct{}, 1), done: make(chan struct{}),
+			limit: max(2*c.s.unacked, 256), fields: c.fields.Add(watermill.LogFields{"partition": p})}
+		c.claims[p] = claim
+		c.settling.Add(1)
+		go func() {
+			defer c.settling.Done()
+			defer close(claim.done)
+			claim.run()
+		}()
+	}
+}
+
+// revoked ends the claims of the partitions revoked (lost: abandoned) and waits for them: a
+// revoked claim commits what was acknowledged before the group may hand its partition to another
+// member.
+func (c *kafkaConsumer) revoked(tps map[string][]int32, lost bool) {
+	partitions := tps[c.topic]
+	if len(partitions) == 0 {
+		return
+	}
+	c.s.logger.Info("Kafka partitions revoked", c.fields.Add(watermill.LogFields{"partitions": fmt.Sprint(partitions), "lost": lost}))
+	var ending []*kafkaClaim
+	c.mu.Lock()
+	for _, p := range partitions {
+		if claim := c.claims[p]; claim != nil {
+			delete(c.claims, p)
+			claim.end(lost)
+			ending = append(ending, claim)
+		}
+	}
+	c.mu.Unlock()
+	for _, claim := range ending {
+		<-claim.done
+	}
+	c.cl.ResumeFetchPartitions(map[string][]int32{c.topic: partitions})
+}
+
+// revokeAll ends every claim left and waits for them.
+func (c *kafkaConsumer) revokeAll(lost bool) {
+	c.mu.Lock()
+	var partitions []int32
+	for p := range c.claims {
+		partitions = append(partitions, p)
+	}
+	c.mu.Unlock()
+	c.revoked(map[string][]int32{c.topic: partitions}, lost)
+}
+
+// readTopicID reads the topic's id from its metadata.
+func (c *kafkaConsumer) readTopicID(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrMetadataRequest()
+	t := kmsg.NewMetadataRequestTopic()
+	t.Topic = kmsg.StringPtr(c.topic)
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, c.cl)
+	if err != nil {
+		return err
+	}
+	for _, t := range resp.Topics {
+		if t.Topic != nil && *t.Topic == c.topic && t.TopicID != [16]byte{} {
+			id := t.TopicID
+			c.topicID.Store(&id)
+			return nil
+		}
+	}
+	return errors.New("no topic id in the metadata")
+}
+
+// kafkaHorizon is what a claim starts from: records below vouchFrom may have been handed out
+// before; handedFrom is where its own horizon starts (-1: only past what it hands out); committed
+// is the horizon committed (-1: none).
+type kafkaHorizon struct{ vouchFrom, handedFrom, committed int64 }
+
+// horizons reads the offsets committed for partitions, with their horizons, retrying for a while.
+// When they cannot be read every record of the partition is taken for a redelivery.
+func (c *kafkaConsumer) horizons(ctx context.Context, partitions []int32) map[int32]kafkaHorizon {
+	deadline := time.Now().Add(kafkaRebalanceTimeout / 2)
+	for attempt := 1; ; attempt++ {
+		h, err := c.readHorizons(ctx, partitions)
+		if err == nil {
+			return h
+		}
+		wait := kafkaRetry.Delay(attempt)
+		if time.Now().Add(wait).After(deadline) || ctx.Err() != nil {
+			logs.Warn(c.s.logger, "Cannot read the group's offsets; the partitions' records count as redeliveries", err, c.fields)
+			h := map[int32]kafkaHorizon{}
+			for _, p := range partitions {
+				h[p] = kafkaHorizon{vouchFrom: math.MaxInt64, handedFrom: -1, committed: -1}
+			}
+			return h
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(wait):
+		}
+	}
+}
+
+func (c *kafkaConsumer) readHorizons(ctx context.Context, partitions []int32) (map[int32]kafkaHorizon, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req := kmsg.NewPtrOffsetFetchRequest()
+	req.Group = c.s.group
+	t := kmsg.NewOffsetFetchRequestTopic()
+	t.Topic, t.Partitions = c.topic, partitions
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, c.cl)
+	if err != nil {
+		return nil, err
+	}
+	if err := kerr.ErrorForCode(resp.ErrorCode); err != nil {
+		return nil, err
+	}
+	got := map[int32]kmsg.OffsetFetchResponseTopicPartition{}
+	for _, t := range resp.Topics {
+		if t.Topic == c.topic {
+			for _, p := range t.Partitions {
+				got[p.Partition] = p
+			}
+		}
+	}
+	h := map[int32]kafkaHorizon{}
+	var foreign []int32
+	for _, p := range partitions {
+		block, ok := got[p]
+		if !ok {
+			return nil, fmt.Errorf("read the committed offset of %s/%d: not in the response", c.topic, p)
+		}
+		if err := kerr.ErrorForCode(block.ErrorCode); err != nil {
+			return nil, fmt.Errorf("read the committed offset of %s/%d: %w", c.topic, p, err)
+		}
+		if block.Metadata != nil {
+			if v, ok := strings.CutPrefix(*block.Metadata, horizonPrefix); ok {
+				if horizon, err := strconv.ParseInt(v, 10, 64); err == nil {
+					h[p] = kafkaHorizon{vouchFrom: horizon, handedFrom: horizon, committed: horizon}
+					continue
+				}
 			}
 		}
 		if block.Offset < 0 {
-			h.horizons[p] = 0 // nothing committed: nobody handed anything out (a member commits first)
+			// nothing committed: nobody handed anything out (a member commits first)
+			h[p] = kafkaHorizon{vouchFrom: 0, handedFrom: 0, committed: -1}
 			continue
 		}
-		// Committed by another client, which says nothing of what it read: only what arrives from
-		// now on was never delivered.
-		newest, err := h.client.GetOffset(h.topic, p, sarama.OffsetNewest)
-		if err != nil {
-			return err
-		}
-		h.horizons[p] = newest
+		foreign = append(foreign, p)
 	}
-	return nil
+	if len(foreign) == 0 {
+		return h, nil
+	}
+	// Committed by another client, which says nothing of what it read: only what arrives from now
+	// on was never delivered.
+	lreq := kmsg.NewPtrListOffsetsRequest()
+	lreq.ReplicaID = -1
+	lt := kmsg.NewListOffsetsRequestTopic()
+	lt.Topic = c.topic
+	for _, p := range foreign {
+		lp := kmsg.NewListOffsetsRequestTopicPartition()
+		lp.Partition, lp.Timestamp, lp.CurrentLeaderEpoch = p, -1, -1 // the newest
+		lt.Partitions = append(lt.Partitions, lp)
+	}
+	lreq.Topics = append(lreq.Topics, lt)
+	lresp, err := lreq.RequestWith(ctx, c.cl)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range lresp.Topics {
+		for _, p := range t.Partitions {
+			if err := kerr.ErrorForCode(p.ErrorCode); err != nil {
+				return nil, fmt.Errorf("read the newest offset of %s/%d: %w", c.topic, p.Partition, err)
+			}
+			h[p.Partition] = kafkaHorizon{vouchFrom: p.Offset, handedFrom: p.Offset, committed: -1}
+		}
+	}
+	for _, p := range foreign {
+		if _, ok := h[p]; !ok {
+			return nil, fmt.Errorf("read the newest offset of %s/%d: not in the response", c.topic, p)
+		}
+	}
+	return h, nil
 }
 
-// Cleanup does nothing: each claim commits what it acknowledged before it ends.
-func (h *kafkaGroupHandler) Cleanup(sarama.ConsumerGroupSession) error { return nil }
+// kafkaClaim is a partition assigned to the subscription: it hands the partition's records out,
+// up to unacked at a time, and commits the offset of the first one not acknowledged, every
+// kafkaCommitEvery and when it ends.
+type kafkaClaim struct {
+	c                                *kafkaConsumer
+	p                                int32
+	ctx                              context.Context // ends when the claim does
+	cancel                           context.CancelFunc
+	vouchFrom, handedFrom, committed int64
+	limit                            int // the queue's length that pauses the partition
+	fields                           watermill.LogFields
+	done                             chan struct{}
+	lost                             atomic.Bool
+
+	mu     sync.Mutex
+	queue  []*kgo.Record
+	paused bool
+	wake   chan struct{}
+}
+
+// push queues a record polled; true when the queue is full and the partition is to be paused.
+func (k *kafkaClaim) push(r *kgo.Record) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.queue = append(k.queue, r)
+	select {
+	case k.wake <- struct{}{}:
+	default:
+	}
+	if len(k.queue) >= k.limit && !k.paused {
+		k.paused = true
+		return true
+	}
+	return false
+}
+
+// pop takes the next record queued, resuming the partition once the queue has half emptied.
+func (k *kafkaClaim) pop() *kgo.Record {
+	k.mu.Lock()
+	if len(k.queue) == 0 {
+		k.mu.Unlock()
+		return nil
+	}
+	r := k.queue[0]
+	k.queue[0] = nil
+	k.queue = k.queue[1:]
+	if len(k.queue) > 0 {
+		select {
+		case k.wake <- struct{}{}:
+		default:
+		}
+	}
+	resume := k.paused && len(k.queue) <= k.limit/2
+	if resume {
+		k.paused = false
+	}
+	k.mu.Unlock()
+	if resume {
+		k.c.cl.ResumeFetchPartitions(map[string][]int32{k.c.topic: {k.p}})
+	}
+	return r
+}
+
+// end makes the claim end: revoked, it commits what was acknowledged; lost, it abandons what it
+// handed out and commits nothing.
+func (k *kafkaClaim) end(lost bool) {
+	if lost {
+		k.lost.Store(true)
+	}
+	k.cancel()
+}
 
 // kafkaRecord is a record handed out and not yet settled.
 type kafkaRecord struct {
@@ -236,36 +548,23 @@ type kafkaVerdict struct {
 	msg    *message.Message // set on a nack: the record to hand out again
 }
 
-// ConsumeClaim hands the partition's records out, up to unacked at a time, and commits the offset
-// of the first one not acknowledged, every kafkaCommitEvery and when the claim ends.
-func (h *kafkaGroupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim sarama.ConsumerGroupClaim) error {
-	p := claim.Partition()
-	h.mu.Lock()
-	vouchFrom, committed := h.horizons[p], h.commits[p]
-	h.mu.Unlock()
-	ctx := sess.Context()
-	// What is handed out is waited for a little past the session's end (see below).
-	held, release := context.WithCancel(h.ctx)
+func (k *kafkaClaim) run() {
+	c, ctx, p := k.c, k.ctx, k.p
+	vouchFrom, committed := k.vouchFrom, k.committed
+	// What is handed out is waited for a little past the claim's end (see below).
+	held, release := context.WithCancel(c.ctx)
 	defer release()
-	next := claim.InitialOffset() // the first offset not acknowledged
-	if next < 0 {                 // nothing committed: the oldest
-		oldest, err := h.client.GetOffset(h.topic, p, sarama.OffsetOldest)
-		if err != nil {
-			return err
-		}
-		next = oldest
-	}
+	next := int64(-1) // the first offset not acknowledged: known with the first record
 	lastCommit := next
-	handed := max(next, vouchFrom) // past what this member, and any before it, may have handed out
+	handed := k.handedFrom // past what this member, and any before it, may have handed out
 	var (
 		out      []*kafkaRecord // handed out, in offset order
-		verdicts = make(chan kafkaVerdict, h.s.unacked)
+		verdicts = make(chan kafkaVerdict, c.s.unacked)
 		tick     = time.NewTicker(kafkaCommitEvery)
 	)
 	defer tick.Stop()
-	fields := h.fields.Add(watermill.LogFields{"partition": p})
 	commit := func(ctx context.Context, horizon int64) error {
-		err := h.commit(ctx, sess, p, next, horizon)
+		err := c.commit(ctx, p, next, horizon)
 		if err == nil {
 			lastCommit, committed = next, horizon
 		}
@@ -273,20 +572,20 @@ func (h *kafkaGroupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim
 	}
 	apply := func(v kafkaVerdict) {
 		if v.msg != nil { // nacked: handed out again, held still
-			h.settling.Add(1)
+			c.settling.Add(1)
 			go func() {
 				select {
 				case <-time.After(kafkaNackDelay):
 				case <-ctx.Done():
-					h.settling.Done()
+					c.settling.Done()
 					return
 				}
-				cancel, ok := h.send(ctx, held, v.msg, true)
+				cancel, ok := c.send(ctx, held, v.msg, true)
 				if !ok {
-					h.settling.Done()
+					c.settling.Done()
 					return
 				}
-				h.settle(held, v.offset, v.msg, cancel, verdicts)
+				c.settle(held, v.offset, v.msg, cancel, verdicts)
 			}()
 			return
 		}
@@ -301,8 +600,11 @@ func (h *kafkaGroupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim
 		}
 	}
 	defer func() {
-		// The claim ends (a rebalance, the subscription's end): give what is held a moment to be
-		// settled, then commit what was acknowledged, while the generation is still valid.
+		if k.lost.Load() {
+			return // the group moved on: what is held is abandoned (release), nothing committed
+		}
+		// The claim ends (revoked, the subscription's end): give what is held a moment to be
+		// settled, then commit what was acknowledged, before the partition moves on.
 		deadline := time.NewTimer(kafkaRebalanceTimeout / 2)
 		defer deadline.Stop()
 	wait:
@@ -320,80 +622,112 @@ func (h *kafkaGroupHandler) ConsumeClaim(sess sarama.ConsumerGroupSession, claim
 		}
 		// The horizon comes back to what was handed out: the partition's next owner takes the
 		// records past it for first deliveries.
-		if horizon := max(handed, next); next != lastCommit || horizon != committed {
+		if horizon := max(handed, next); next >= 0 && (next != lastCommit || horizon != committed) {
 			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			if err := commit(cctx, horizon); err != nil {
-				h.s.logger.Info("Cannot commit at the end of a claim; its records will be read again", fields.Add(watermill.LogFields{"err": err}))
+				c.s.logger.Info("Cannot commit at the end of a claim; its records will be read again", k.fields.Add(watermill.LogFields{"err": err}))
 			}
 			cancel()
 		}
 	}()
 	full := false // the window filled up: hand out again once half of it is settled, in a run
 	for {
-		var records <-chan *sarama.ConsumerMessage
-		if len(out) >= h.s.unacked {
+		var wake <-chan struct{}
+		if len(out) >= c.s.unacked {
 			full = true
-		} else if full && len(out) <= h.s.unacked/2 {
+		} else if full && len(out) <= c.s.unacked/2 {
 			full = false
 		}
 		if !full {
-			records = claim.Messages()
+			wake = k.wake
 		}
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case v := <-verdicts:
 			apply(v)
 		case <-tick.C:
 			if next != lastCommit {
 				if err := commit(ctx, committed); err != nil && ctx.Err() == nil {
-					h.s.logger.Error("Cannot commit offsets", err, fields)
+					c.s.logger.Error("Cannot commit offsets", err, k.fields)
 				}
 			}
-		case cm, ok := <-records:
-			if !ok {
-				return nil
+		case <-wake:
+			r := k.pop()
+			if r == nil {
+				continue
 			}
-			if cm.Offset >= committed {
+			if next < 0 { // the first record: where the group's committed offset, or the oldest, is
+				next, lastCommit = r.Offset, r.Offset
+				handed = max(handed, next)
+			}
+			if r.Offset >= committed {
 				// Past the horizon: record a new one before handing this record out.
-				if err := commit(ctx, cm.Offset+int64(max(horizonAhead, 2*h.s.unacked))); err != nil {
+				if err := commit(ctx, r.Offset+int64(max(horizonAhead, 2*c.s.unacked))); err != nil {
 					if ctx.Err() == nil {
-						h.s.logger.Error("Cannot commit the group's read horizon; the claim ends", err, fields)
+						c.s.logger.Error("Cannot commit the group's read horizon; the claim pauses", err, k.fields)
+						k.requeue(r)
+						select { // the record is handed out once a commit succeeds, or by the partition's next owner
+						case <-ctx.Done():
+						case <-time.After(kafkaRetry.Delay(2)):
+						}
 					}
-					return nil // the record is read again by the partition's next owner
+					continue
 				}
 			}
-			msg, err := h.s.marshaler.Unmarshal(cm)
-			if err != nil {
-				// It can never be read: handed out as it came, for the consumer to dead-letter.
-				logs.Warn(h.s.logger, "Cannot read a Kafka record, handing it out to be dead-lettered", err,
-					fields.Add(watermill.LogFields{"offset": cm.Offset}))
-				headers := make(map[string]string, len(cm.Headers))
-				for _, rh := range cm.Headers {
-					headers[string(rh.Key)] = string(rh.Value)
-				}
-				msg = brokerio.Undecodable(fmt.Sprintf("Kafka record %s/%d offset %d", cm.Topic, cm.Partition, cm.Offset), err, cm.Value, headers, kafka.UUIDHeaderKey)
-			}
-			out = append(out, &kafkaRecord{offset: cm.Offset})
-			cancel, ok := h.send(ctx, held, msg, cm.Offset < vouchFrom) // in offset order
+			msg := c.decode(r)
+			out = append(out, &kafkaRecord{offset: r.Offset})
+			cancel, ok := c.send(ctx, held, msg, r.Offset < vouchFrom) // in offset order
 			if !ok {
 				out = out[:len(out)-1] // never handed out
-				return nil
+				return
 			}
-			handed = max(handed, cm.Offset+1)
-			h.settling.Add(1)
-			go h.settle(held, cm.Offset, msg, cancel, verdicts)
+			handed = max(handed, r.Offset+1)
+			c.settling.Add(1)
+			go c.settle(held, r.Offset, msg, cancel, verdicts)
 		}
 	}
 }
 
-// send hands msg out unless the session ended (ctx), with what ends its context once it is settled
-// or the claim stops waiting (held).
-func (h *kafkaGroupHandler) send(ctx, held context.Context, msg *message.Message, redelivered bool) (context.CancelFunc, bool) {
-	mctx, cancel := context.WithCancel(held)
-	msg.SetContext(outboxkit.WithConsumer(outboxkit.WithRedelivered(mctx, redelivered), h.s.group))
+// requeue puts r back at the head of the queue.
+func (k *kafkaClaim) requeue(r *kgo.Record) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.queue = append([]*kgo.Record{r}, k.queue...)
 	select {
-	case h.out <- msg:
+	case k.wake <- struct{}{}:
+	default:
+	}
+}
+
+// decode reads a record in watermill-kafka's format; one that can never be read is handed out as
+// it came, for the consumer to dead-letter.
+func (c *kafkaConsumer) decode(r *kgo.Record) *message.Message {
+	cm := &sarama.ConsumerMessage{Key: r.Key, Value: r.Value, Topic: r.Topic, Partition: r.Partition, Offset: r.Offset,
+		Timestamp: r.Timestamp, Headers: make([]*sarama.RecordHeader, len(r.Headers))}
+	for i := range r.Headers {
+		cm.Headers[i] = &sarama.RecordHeader{Key: []byte(r.Headers[i].Key), Value: r.Headers[i].Value}
+	}
+	msg, err := c.s.marshaler.Unmarshal(cm)
+	if err == nil {
+		return msg
+	}
+	logs.Warn(c.s.logger, "Cannot read a Kafka record, handing it out to be dead-lettered", err,
+		c.fields.Add(watermill.LogFields{"partition": r.Partition, "offset": r.Offset}))
+	headers := make(map[string]string, len(r.Headers))
+	for _, h := range r.Headers {
+		headers[h.Key] = string(h.Value)
+	}
+	return brokerio.Undecodable(fmt.Sprintf("Kafka record %s/%d offset %d", r.Topic, r.Partition, r.Offset), err, r.Value, headers, kafka.UUIDHeaderKey)
+}
+
+// send hands msg out unless the claim ended (ctx), with what ends its context once it is settled
+// or the claim stops waiting (held).
+func (c *kafkaConsumer) send(ctx, held context.Context, msg *message.Message, redelivered bool) (context.CancelFunc, bool) {
+	mctx, cancel := context.WithCancel(held)
+	msg.SetContext(outboxkit.WithConsumer(outboxkit.WithRedelivered(mctx, redelivered), c.s.group))
+	select {
+	case c.out <- msg:
 		return cancel, true
 	case <-ctx.Done():
 		cancel()
@@ -403,9 +737,9 @@ func (h *kafkaGroupHandler) send(ctx, held context.Context, msg *message.Message
 
 // settle waits for the consumer's verdict on msg, handed out, and sends it to verdicts; nothing
 // when the claim stopped waiting first (held).
-func (h *kafkaGroupHandler) settle(held context.Context, offset int64, msg *message.Message, cancel context.CancelFunc,
+func (c *kafkaConsumer) settle(held context.Context, offset int64, msg *message.Message, cancel context.CancelFunc,
 	verdicts chan<- kafkaVerdict) {
-	defer h.settling.Done()
+	defer c.settling.Done()
 	defer cancel()
 	var v kafkaVerdict
 	select {
@@ -423,38 +757,40 @@ func (h *kafkaGroupHandler) settle(held context.Context, offset int64, msg *mess
 	}
 }
 
-// commit commits offset for partition p, with horizon as its metadata, in the session's
-// generation: an error when the group has moved on (the partition is no longer this member's).
-func (h *kafkaGroupHandler) commit(ctx context.Context, sess sarama.ConsumerGroupSession, p int32, offset, horizon int64) error {
-	coordinator, err := h.client.Coordinator(h.s.group)
-	if err != nil {
-		return err
+// commit commits offset for partition p, with horizon as its metadata, in the member's current
+// generation: an error when the member is no longer in the group. A claim commits only while its
+// partition is assigned to the member.
+func (c *kafkaConsumer) commit(ctx context.Context, p int32, offset, horizon int64) error {
+	member, generation := c.cl.GroupMetadata()
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group, req.Generation, req.MemberID = c.s.group, generation, member
+	if c.s.instanceID != "" {
+		req.InstanceID = kmsg.StringPtr(c.s.instanceID + "." + c.topic)
 	}
-	req := &sarama.OffsetCommitRequest{Version: 2, ConsumerGroup: h.s.group, ConsumerGroupGeneration: sess.GenerationID(),
-		ConsumerID: sess.MemberID(), RetentionTime: -1}
-	meta := ""
+	t := kmsg.NewOffsetCommitRequestTopic()
+	t.Topic = c.topic
+	if id := c.topicID.Load(); id != nil {
+		t.TopicID = *id // v10 on names the topic by id
+	}
+	tp := kmsg.NewOffsetCommitRequestTopicPartition()
+	tp.Partition, tp.Offset, tp.LeaderEpoch = p, offset, -1
 	if horizon >= 0 {
-		meta = horizonPrefix + strconv.FormatInt(horizon, 10)
+		tp.Metadata = kmsg.StringPtr(horizonPrefix + strconv.FormatInt(horizon, 10))
 	}
-	req.AddBlock(h.topic, p, offset, 0, meta)
-	done := make(chan error, 1)
-	go func() {
-		resp, err := coordinator.CommitOffset(req)
-		if err == nil {
-			if kerr, ok := resp.Errors[h.topic][p]; ok && kerr != sarama.ErrNoError {
-				err = kerr
+	t.Partitions = append(t.Partitions, tp)
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, c.cl)
+	if err == nil {
+		for _, t := range resp.Topics {
+			for _, rp := range t.Partitions {
+				if err == nil {
+					err = kerr.ErrorForCode(rp.ErrorCode)
+				}
 			}
 		}
-		done <- err
-	}()
-	select {
-	case err = <-done:
-	case <-ctx.Done():
-		err = ctx.Err()
 	}
 	if err != nil {
-		_ = h.client.RefreshCoordinator(h.s.group)
-		return fmt.Errorf("commit offset %d of %s/%d: %w", offset, h.topic, p, err)
+		return fmt.Errorf("commit offset %d of %s/%d: %w", offset, c.topic, p, err)
 	}
 	return nil
 }
