@@ -184,6 +184,7 @@ func kafkaCheck(ctx context.Context, cl *kgo.Client, topic string) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req := kmsg.NewPtrMetadataRequest()
+	req.AllowAutoTopicCreation = false // asking creates nothing: SubscribeInitialize does
 	t := kmsg.NewMetadataRequestTopic()
 	t.Topic = kmsg.StringPtr(topic)
 	req.Topics = append(req.Topics, t)
@@ -334,6 +335,7 @@ func (c *kafkaConsumer) readTopicID(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req := kmsg.NewPtrMetadataRequest()
+	req.AllowAutoTopicCreation = false
 	t := kmsg.NewMetadataRequestTopic()
 	t.Topic = kmsg.StringPtr(c.topic)
 	req.Topics = append(req.Topics, t)
