@@ -42,15 +42,20 @@ const kafkaCommitEvery = time.Second
 // kafkaNackDelay is how long a nacked record waits before it is handed out again.
 const kafkaNackDelay = 100 * time.Millisecond
 
-// kafkaBalancer assigns a group's partitions. The cooperative sticky balancer moves only the
-// partitions that must move (KIP-429): a member joining or leaving the group, or a restarted one
-// coming back, takes partitions from the others without stopping them on the partitions they keep.
-var kafkaBalancer = kgo.CooperativeStickyBalancer
+// kafkaBalancers assign a group's partitions, the first that every member supports. The
+// cooperative sticky balancer moves only the partitions that must move (KIP-429): a member joining
+// or leaving the group, or a restarted one coming back, takes partitions from the others without
+// stopping them on the partitions they keep. The range balancer (eager) is what members of earlier
+// versions, on Sarama, offer: while they are in the group, during a rolling upgrade, the group is
+// balanced as before, and it turns cooperative once they are all gone.
+var kafkaBalancers = func() []kgo.GroupBalancer {
+	return []kgo.GroupBalancer{kgo.CooperativeStickyBalancer(), kgo.RangeBalancer()}
+}
 
 // kafkaSubscriber reads a topic through a consumer group with franz-go, in watermill-kafka's
 // format, and commits offsets itself. It is a consumer group member that
 //
-//   - is balanced cooperatively (kafkaBalancer): when the group changes, only the partitions that
+//   - is balanced cooperatively (kafkaBalancers): when the group changes, only the partitions that
 //     move are revoked; a member goes on delivering the partitions it keeps.
 //   - says which deliveries are first ones (outboxkit.WithRedelivered), from the offsets: a
 //     record at or past the horizon committed with the partition's offset (see horizonPrefix) was
@@ -126,7 +131,7 @@ func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	opts := append(s.kafkaClientOpts(),
 		kgo.ConsumerGroup(s.group),
 		kgo.ConsumeTopics(topic),
-		kgo.Balancers(kafkaBalancer()),
+		kgo.Balancers(kafkaBalancers()...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), // a new group reads what was published before it joined
 		kgo.DisableAutoCommit(),                           // a claim commits what was settled, in order
 		kgo.BlockRebalanceOnPoll(),                        // records polled are dispatched before partitions move
