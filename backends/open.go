@@ -96,7 +96,7 @@ type Options struct {
 	// rest of the group never stops for it; a member that does not come back loses them after the
 	// session timeout, as before; a closed one does not leave the group (its partitions wait for
 	// it that long). Letters, digits, '.', '_' and '-'. Default "": dynamic members, and every
-	// restart rebalances the group. kafka.
+	// restart rebalances the group — cooperatively: only the partitions that move stop. kafka.
 	KafkaInstanceID string
 
 	// PollInterval is how often an idle subscriber looks for new rows. Default 100ms. postgres.
