@@ -245,17 +245,13 @@ func (c *kafkaConsumer) poll() {
 				c.s.logger.Error("Cannot fetch from Kafka", err, c.fields.Add(watermill.LogFields{"partition": p}))
 			}
 		})
-		var pause []int32
 		c.mu.Lock()
 		fetches.EachRecord(func(r *kgo.Record) {
-			if claim := c.claims[r.Partition]; claim != nil && r.Topic == c.topic && claim.push(r) {
-				pause = append(pause, r.Partition)
+			if claim := c.claims[r.Partition]; claim != nil && r.Topic == c.topic {
+				claim.push(r)
 			}
 		})
 		c.mu.Unlock()
-		if len(pause) > 0 {
-			c.cl.PauseFetchPartitions(map[string][]int32{c.topic: pause})
-		}
 		c.cl.AllowRebalance()
 	}
 }
@@ -491,8 +487,9 @@ type kafkaClaim struct {
 	wake   chan struct{}
 }
 
-// push queues a record polled; true when the queue is full and the partition is to be paused.
-func (k *kafkaClaim) push(r *kgo.Record) bool {
+// push queues a record polled, and pauses the partition when the queue is full. The pause and the
+// resume (pop) happen under the claim's lock, in the order of the queue's changes.
+func (k *kafkaClaim) push(r *kgo.Record) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.queue = append(k.queue, r)
@@ -502,9 +499,8 @@ func (k *kafkaClaim) push(r *kgo.Record) bool {
 	}
 	if len(k.queue) >= k.limit && !k.paused {
 		k.paused = true
-		return true
+		k.c.cl.PauseFetchPartitions(map[string][]int32{k.c.topic: {k.p}})
 	}
-	return false
 }
 
 // pop takes the next record queued, resuming the partition once the queue has half emptied.
@@ -523,14 +519,11 @@ func (k *kafkaClaim) pop() *kgo.Record {
 		default:
 		}
 	}
-	resume := k.paused && len(k.queue) <= k.limit/2
-	if resume {
+	if k.paused && len(k.queue) <= k.limit/2 {
 		k.paused = false
-	}
-	k.mu.Unlock()
-	if resume {
 		k.c.cl.ResumeFetchPartitions(map[string][]int32{k.c.topic: {k.p}})
 	}
+	k.mu.Unlock()
 	return r
 }
 
