@@ -12,6 +12,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/pipeline"
@@ -20,7 +21,8 @@ import (
 // Kafka consumer groups are balanced cooperatively: when a member joins (or leaves, or a restarted
 // one comes back as a new member), only the partitions that move are revoked. The members already
 // there keep the others without a pause — with eager rebalancing (Sarama's) every member gives up
-// every partition at each rebalance, and the whole group stops while it is balanced again.
+// every partition at each rebalance, and the whole group stops while it is balanced again. The
+// partition that moves is committed before it does, so its new owner reads only first deliveries.
 func TestKafka_MemberJoiningRevokesOnlyThePartitionsThatMove(t *testing.T) {
 	t.Parallel()
 	url := testenv.KafkaURL(t)
@@ -46,9 +48,10 @@ func TestKafka_MemberJoiningRevokesOnlyThePartitionsThatMove(t *testing.T) {
 	defer func() { cancel(); <-publishing }()
 
 	type member struct {
-		log  *watermill.CaptureLoggerAdapter
-		got  atomic.Int64
-		stop func()
+		log         *watermill.CaptureLoggerAdapter
+		got         atomic.Int64
+		redelivered atomic.Int64 // or not known to be first deliveries
+		stop        func()
 	}
 	join := func() *member {
 		m := &member{log: watermill.NewCaptureLogger()}
@@ -78,6 +81,9 @@ func TestKafka_MemberJoiningRevokesOnlyThePartitionsThatMove(t *testing.T) {
 			defer close(done)
 			for msg := range msgs {
 				m.got.Add(1)
+				if again, known := outboxkit.Redelivered(msg.Context()); again || !known {
+					m.redelivered.Add(1)
+				}
 				msg.Ack()
 			}
 		}()
@@ -114,6 +120,11 @@ func TestKafka_MemberJoiningRevokesOnlyThePartitionsThatMove(t *testing.T) {
 					name, before, after, p)
 			}
 		}
+	}
+	// The partition that moved was committed before it did: what its new owner reads was never
+	// handed out before.
+	if n := c.redelivered.Load(); n > 0 {
+		t.Errorf("the new member got %d messages that may have been delivered before: the partition moved uncommitted", n)
 	}
 	fromA, fromB := a.got.Load(), b.got.Load()
 	testenv.Eventually(t, 30*time.Second, "the members already there to go on", func() bool {
