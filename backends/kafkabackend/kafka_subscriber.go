@@ -126,7 +126,7 @@ func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		return nil, errors.New("kafka subscriber is closed")
 	}
 	sctx, stop := context.WithCancel(ctx)
-	c := &kafkaConsumer{s: s, ctx: sctx, topic: topic, out: make(chan *message.Message, s.unacked),
+	c := &kafkaConsumer{s: s, ctx: sctx, topic: topic, out: make(chan *message.Message, s.unacked), ready: make(chan struct{}),
 		claims: map[int32]*kafkaClaim{}, fields: watermill.LogFields{"topic": topic, "consumer_group": s.group}}
 	opts := append(s.kafkaClientOpts(),
 		kgo.ConsumerGroup(s.group),
@@ -146,12 +146,12 @@ func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if s.instanceID != "" {
 		opts = append(opts, kgo.InstanceID(s.instanceID+"."+topic))
 	}
-	cl, err := kgo.NewClient(opts...)
+	// The cluster is asked first, by a client of its own: the member's client joins the group as
+	// soon as it is made.
+	err := kafkaCheck(ctx, s.kafkaClientOpts(), topic)
+	var cl *kgo.Client
 	if err == nil {
-		err = kafkaCheck(ctx, cl, topic)
-		if err != nil {
-			cl.Close()
-		}
+		cl, err = kgo.NewClient(opts...)
 	}
 	if err != nil {
 		stop()
@@ -159,6 +159,7 @@ func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		return nil, classifyKafka(fmt.Errorf("kafka subscriber %s: %w", s.group, err))
 	}
 	c.cl = cl
+	close(c.ready) // the group's callbacks may run from here on
 	go func() {
 		defer s.life.Leave()
 		defer close(c.out)
@@ -185,7 +186,12 @@ func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 
 // kafkaCheck asks the cluster for the topic's metadata: an unreachable cluster or a refused
 // client is told at Subscribe, not only in the logs later.
-func kafkaCheck(ctx context.Context, cl *kgo.Client, topic string) error {
+func kafkaCheck(ctx context.Context, opts []kgo.Opt, topic string) error {
+	cl, err := kgo.NewClient(opts...)
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req := kmsg.NewPtrMetadataRequest()
@@ -220,6 +226,7 @@ type kafkaConsumer struct {
 	s        *kafkaSubscriber
 	ctx      context.Context // the subscription's
 	cl       *kgo.Client
+	ready    chan struct{} // closed once cl is set
 	topic    string
 	out      chan *message.Message
 	fields   watermill.LogFields
@@ -259,6 +266,7 @@ func (c *kafkaConsumer) poll() {
 // assigned starts a claim for each partition assigned, after reading the horizons their previous
 // owners committed. Fetching begins once it returns.
 func (c *kafkaConsumer) assigned(ctx context.Context, _ *kgo.Client, tps map[string][]int32) {
+	<-c.ready
 	partitions := tps[c.topic]
 	if len(partitions) == 0 {
 		return
@@ -299,6 +307,7 @@ func (c *kafkaConsumer) assigned(ctx context.Context, _ *kgo.Client, tps map[str
 // revoked claim commits what was acknowledged before the group may hand its partition to another
 // member.
 func (c *kafkaConsumer) revoked(tps map[string][]int32, lost bool) {
+	<-c.ready
 	partitions := tps[c.topic]
 	if len(partitions) == 0 {
 		return
