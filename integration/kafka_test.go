@@ -41,9 +41,9 @@ func createKafkaTopic(t testing.TB, url, topic string, partitions int32) {
 func TestKafka_ConsumerKilledRepeatedlyTheGroupSettles(t *testing.T) {
 	t.Parallel()
 	const (
-		kills     = 4
-		perRound  = 100
-		nKeys     = 20
+		kills    = 4
+		perRound = 100
+		nKeys    = 20
 		// Settling takes the dead members' session timeout (6 s) and a rebalance that waits up to
 		// its timeout (20 s) for them: 19–41 s measured on an idle machine. Under a loaded CI run
 		// kfake once answered a JoinGroup after the client's 30 s request timeout, and the client
