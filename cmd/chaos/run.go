@@ -241,11 +241,6 @@ func waitHealthy(ctx context.Context, base string, within time.Duration) error {
 	}
 }
 
-// overloaded is the 1-minute load average per core above which a run's latency figures say more
-// about what else ran on the machine than about the system under test (the soak itself keeps about
-// one core busy).
-const overloaded = 2.0
-
 // loadWatch keeps the highest 1-minute load average seen while the load runs (0 where
 // /proc/loadavg cannot be read).
 type loadWatch struct {
@@ -379,11 +374,10 @@ func report(o options, in *injector, procs, relays, consumerProcs []*proc, l *le
 	}
 	fmt.Printf("commit→effect per consumer: %s\n", strings.Join(each, "; "))
 	if load > 0 {
-		fmt.Printf("machine: highest 1-minute load average %.1f on %d cores during the load", load, runtime.NumCPU())
-		if load > overloaded*float64(runtime.NumCPU()) {
-			fmt.Print(" — OVERLOADED: the latency figures above measure the machine, not the system; the invariants still hold or not")
-		}
-		fmt.Println()
+		// Not judged: the soak's own processes (and on RabbitMQ, each rabbitmqctl) keep the load
+		// at 5–14 on 2 cores by themselves; a build or a benchmark beside it shows as the consumers'
+		// handled counts falling behind in the progress lines, at the load they print.
+		fmt.Printf("machine: highest 1-minute load average %.1f on %d cores during the load\n", load, runtime.NumCPU())
 	}
 	for _, e := range in.errors {
 		fmt.Printf("a fault could not be injected: %s\n", e)
