@@ -62,21 +62,6 @@ func (c *stageClock) at(uuid string) *stamps {
 	return s
 }
 
-func (c *stageClock) relayReceived(uuid string) {
-	now := time.Now()
-	c.mu.Lock()
-	if s := c.at(uuid); s.relayRecv.IsZero() {
-		s.relayRecv = now
-	}
-	c.mu.Unlock()
-}
-
-func (c *stageClock) round(n int, took time.Duration) {
-	c.mu.Lock()
-	c.rounds = append(c.rounds, roundTimes{n, took})
-	c.mu.Unlock()
-}
-
 // clockedPublisher times each Publish call: the relay's publish of one row, which returns once the
 // broker confirmed it.
 type clockedPublisher struct {
