@@ -173,6 +173,7 @@ func (d *dispatcher) parkKey(key string, seq int64) {
 // and its key's events follow it.
 func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error {
 	r := d.s.r
+	defer r.hooks.checks.Add(1)
 	if len(d.pendingPark) > 0 || len(d.pendingDead) > 0 {
 		// The events parked since the last flush, and the dead letters, into the table first.
 		if err := d.flush(ctx); err != nil {

@@ -14,3 +14,6 @@ func HideRowsFromFlushes(r *Relay, n int) { r.hooks.hideRows = n }
 func WaitVisible(ctx context.Context, r *Relay, xids []uint32) error {
 	return (&dispatcher{s: &session{r: r}}).waitVisible(ctx, xids)
 }
+
+// ParkedChecks is how many times r's dispatcher has read its parked keys from the table.
+func ParkedChecks(r *Relay) int64 { return r.hooks.checks.Load() }

@@ -156,9 +156,10 @@ func TestParkedKeyReadsNoPublishedRowAgain(t *testing.T) {
 	pg := testenv.NewLogicalPG(t)
 	con, _ := store.ConsoleOf(pg.Store)
 	pub := &refusing{recorder: newRecorder()}
-	run(t, relayOn(t, pg, pub, func(f *forwarder.Config, _ *pglog.Config) {
+	relay := relayOn(t, pg, pub, func(f *forwarder.Config, _ *pglog.Config) {
 		f.Name, f.HeartbeatInterval, f.MaxAttempts, f.ParkKeyOnDeadLetter = "parkheld", 50*time.Millisecond, 1, true
-	}))
+	})
+	run(t, relay)
 	pauseAndWait(t, con, "parkheld", "topic", "held")
 	writeTo(t, pg, "held", "h", 1)
 	e0 := write(t, pg, "bad", 1)[0]
@@ -172,11 +173,16 @@ func TestParkedKeyReadsNoPublishedRowAgain(t *testing.T) {
 	if n := pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE uuid = $1::uuid`, e0); n != 1 {
 		t.Fatalf("e0's row removed already: the test needs it in the table (the window's head held)")
 	}
-	// Twenty flush intervals, each of which asks the table about the parked key.
-	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+	// Twenty reads of the parked key from the table, each of which could have read e0 back.
+	from := pglog.ParkedChecks(relay)
+	testenv.Eventually(t, 30*time.Second, "twenty reads of the parked keys", func() bool {
 		if n := pub.count(e0); n != 1 {
 			t.Fatalf("e0 published %d times while its key is parked", n)
 		}
+		return pglog.ParkedChecks(relay) >= from+20
+	})
+	if n := pub.count(e0); n != 1 {
+		t.Fatalf("e0 published %d times while its key is parked", n)
 	}
 }
 

@@ -144,6 +144,8 @@ type hooks struct {
 	crash bool
 	// hideRows makes that many flushes remove no row, as a snapshot that does not see them yet.
 	hideRows int
+	// checks counts the dispatcher's reads of the parked keys, for tests that wait on them.
+	checks atomic.Int64
 }
 
 // New validates cfg and builds a Relay. It does not touch the database.
