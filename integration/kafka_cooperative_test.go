@@ -15,7 +15,6 @@ import (
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/internal/testenv"
-	"github.com/outboxkit/outboxkit/pipeline"
 )
 
 // Kafka consumer groups are balanced cooperatively: when a member joins (or leaves, or a restarted
@@ -33,18 +32,7 @@ func TestKafka_MemberJoiningRevokesOnlyThePartitionsThatMove(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	publishing := make(chan struct{})
-	go func() { // a steady stream over every partition
-		defer close(publishing)
-		for i := 0; ctx.Err() == nil; i++ {
-			msg := pipeline.NewEvent("Happened", fmt.Sprintf("key-%d", i%40), []byte(`{}`))
-			_ = producer.Publisher.Publish(topic, msg)
-			select {
-			case <-ctx.Done():
-			case <-time.After(5 * time.Millisecond):
-			}
-		}
-	}()
+	publishing := publishSteadily(ctx, producer.Publisher, topic, 40, 5*time.Millisecond) // over every partition
 	defer func() { cancel(); <-publishing }()
 
 	type member struct {

@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,7 +10,6 @@ import (
 
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/internal/testenv"
-	"github.com/outboxkit/outboxkit/pipeline"
 )
 
 // Kafka with static membership (Options.KafkaInstanceID): a member of a group that restarts gets
@@ -26,18 +24,7 @@ func TestKafka_StaticMemberRestartDoesNotStopTheGroup(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	publishing := make(chan struct{})
-	go func() { // a steady stream over both partitions
-		defer close(publishing)
-		for i := 0; ctx.Err() == nil; i++ {
-			msg := pipeline.NewEvent("Happened", fmt.Sprintf("key-%d", i%20), []byte(`{}`))
-			_ = producer.Publisher.Publish(topic, msg)
-			select {
-			case <-ctx.Done():
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-	}()
+	publishing := publishSteadily(ctx, producer.Publisher, topic, 20, 10*time.Millisecond) // over both partitions
 	defer func() { cancel(); <-publishing }()
 
 	member := func(name string, logger watermill.LoggerAdapter) (stop func(), got *atomic.Int64) {

@@ -13,9 +13,11 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store/storetest"
 )
 
@@ -32,6 +34,23 @@ func createKafkaTopic(t testing.TB, url, topic string, partitions int32) {
 	if err := admin.CreateTopic(topic, &sarama.TopicDetail{NumPartitions: partitions, ReplicationFactor: 1}, false); err != nil {
 		t.Fatalf("create topic %s: %v", topic, err)
 	}
+}
+
+// publishSteadily publishes an event to topic every interval, over keys keys in turn, until ctx
+// ends; the channel closes once it has stopped.
+func publishSteadily(ctx context.Context, pub message.Publisher, topic string, keys int, every time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ctx.Err() == nil; i++ {
+			_ = pub.Publish(topic, pipeline.NewEvent("Happened", fmt.Sprintf("key-%d", i%keys), []byte(`{}`)))
+			select {
+			case <-ctx.Done():
+			case <-time.After(every):
+			}
+		}
+	}()
+	return done
 }
 
 // Failure matrix on Kafka, "consumer killed": a consumer process in a group is killed with

@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -14,7 +13,6 @@ import (
 
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/internal/testenv"
-	"github.com/outboxkit/outboxkit/pipeline"
 )
 
 // saramaMember is a consumer group member as earlier versions made it: Sarama, range protocol.
@@ -42,17 +40,7 @@ func TestKafka_NewMemberJoinsAGroupOfSaramaMembers(t *testing.T) {
 	producer := openBackend(t, url, backends.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	publishing := make(chan struct{})
-	go func() {
-		defer close(publishing)
-		for i := 0; ctx.Err() == nil; i++ {
-			_ = producer.Publisher.Publish(topic, pipeline.NewEvent("Happened", fmt.Sprintf("key-%d", i%20), []byte(`{}`)))
-			select {
-			case <-ctx.Done():
-			case <-time.After(10 * time.Millisecond):
-			}
-		}
-	}()
+	publishing := publishSteadily(ctx, producer.Publisher, topic, 20, 10*time.Millisecond)
 	defer func() { cancel(); <-publishing }()
 
 	cfg := sarama.NewConfig()
