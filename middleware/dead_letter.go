@@ -41,9 +41,20 @@ type DeadLetterConfig struct {
 	// Default DefaultMaxDeliveries (5).
 	MaxDeliveries int
 	// SoloWait bounds how long a suspect (see MaxDeliveries) waits for the process's other
-	// deliveries to end before its attempt alone; past it, it is not run but returned with an
-	// error, and tried again on its redelivery. Default DefaultSoloWait (1 minute).
+	// deliveries to end before its attempt alone — while it waits, the deliveries that arrive after
+	// it wait behind it. Past SoloWait, it is not run but returned with an error, and tried again on
+	// its redelivery, at most MaxSoloWaits times in a row. Default DefaultSoloWait (1 minute).
 	SoloWait time.Duration
+	// MaxSoloWaits bounds how many deliveries of a suspect in a row may wait SoloWait in vain: a
+	// process that is never free of other deliveries for that long would otherwise redeliver it
+	// forever, each of its deliveries holding back the process's new ones for up to SoloWait. The
+	// delivery on which it waits in vain for the MaxSoloWaits-th time dead-letters it without
+	// running it, with a reason that says it never got to run alone — nothing showed that it
+	// crashes the process: replay it once the process is less busy, or raise SoloWait. The waits
+	// are counted in inbox_deliveries under a key of their own ("solowait:" and the message id);
+	// an attempt alone starts the count anew. Total hold-back per suspect: at most MaxSoloWaits ×
+	// SoloWait. Default DefaultMaxSoloWaits (3).
+	MaxSoloWaits int
 
 	// DisableTable stops dead-lettered messages from being stored in the dead_letters table, from
 	// which ReplayInboxDeadLetters re-publishes them. Default false: they are stored. At least one of
@@ -84,6 +95,9 @@ func (c DeadLetterConfig) withDefaults() DeadLetterConfig {
 	if c.SoloWait == 0 {
 		c.SoloWait = DefaultSoloWait
 	}
+	if c.MaxSoloWaits == 0 {
+		c.MaxSoloWaits = DefaultMaxSoloWaits
+	}
 	if c.IsUnreachable == nil {
 		c.IsUnreachable = IsUnreachableIn(c.Store)
 	}
@@ -104,6 +118,9 @@ func (c DeadLetterConfig) validate() error {
 	if c.SoloWait < 0 {
 		errs = append(errs, fmt.Errorf("field SoloWait must not be negative, got %s", c.SoloWait))
 	}
+	if c.MaxSoloWaits < 1 {
+		errs = append(errs, fmt.Errorf("field MaxSoloWaits must be at least 1, got %d", c.MaxSoloWaits))
+	}
 	if (c.DeadLetterPublisher == nil) != (c.DeadLetterTopic == "") {
 		errs = append(errs, errors.New("fields DeadLetterPublisher and DeadLetterTopic go together: set both or neither"))
 	}
@@ -120,9 +137,10 @@ func (q *deadLettered) Error() string { return "dead-lettered: " + q.reason }
 
 // NewDeadLetter dead-letters a message that cannot be processed — one the handler failed with a
 // permanent error, failed on its last allowed delivery, or that crashed the process (it never
-// finished within MaxDeliveries, nor its one attempt alone in the process after them) — and
-// acknowledges it, so the queue keeps flowing behind it. A message delivered more often than
-// MaxDeliveries that was in fact processed (duplicates) is acknowledged as a duplicate instead.
+// finished within MaxDeliveries, nor its one attempt alone in the process after them), or one that
+// never got to make that attempt (MaxSoloWaits) — and acknowledges it, so the queue keeps flowing
+// behind it. A message delivered more often than MaxDeliveries that was in fact processed
+// (duplicates) is acknowledged as a duplicate instead.
 // Other errors are returned, so the message is retried. If storing or sending the dead-lettered
 // message fails, the message is not acknowledged: nothing is ever dropped.
 func NewDeadLetter(cfg DeadLetterConfig) (message.HandlerMiddleware, error) {
@@ -202,15 +220,19 @@ func (dl *deadLetter) alone(h message.HandlerFunc, msg *message.Message, d *deli
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("message %s, delivered %d times without finishing, was to run alone in the process "+
-			"to tell whether it crashes it, but other deliveries still ran after %s; it is tried again on its redelivery",
-			msg.UUID, d.count, dl.cfg.SoloWait)
+		return dl.waitedInVain(msg, d)
 	}
 	defer hold.release()
 	msg.SetContext(hold.bind(ctx))
 	defer msg.SetContext(ctx)
 	key := soloKey(msg.UUID)
 	if !d.soloStarted {
+		if d.soloWaits > 0 || d.count > dl.cfg.MaxDeliveries+1 {
+			// It gets its attempt alone at last: the waits in vain before it no longer count. (A
+			// suspect on its first delivery past MaxDeliveries has not waited before.)
+			dl.forget(ctx, msg.UUID, soloWaitKey, "Cannot remove the count of a message's waits to run alone")
+			d.soloWaits = 0
+		}
 		// Committed before the handler runs, as the delivery count is: a crash leaves it behind.
 		marker, attempts, err := dl.cfg.Store.LockMessage(ctx, dl.cfg.Consumer, key, store.Count{Now: dl.cfg.Now(), First: 1})
 		if err != nil {
@@ -234,15 +256,51 @@ func (dl *deadLetter) alone(h message.HandlerFunc, msg *message.Message, d *deli
 	return dl.settle(msg, d, out, err)
 }
 
+// waitedInVain ends a delivery of a suspect that could not run alone within SoloWait: it counts
+// the wait, and dead-letters the suspect once it has waited in vain MaxSoloWaits times in a row;
+// until then the delivery fails without running, to be tried again on its redelivery.
+func (dl *deadLetter) waitedInVain(msg *message.Message, d *delivery) ([]*message.Message, error) {
+	ctx := msg.Context()
+	if d.soloWaits == 0 { // an in-process retry of this delivery is the same wait
+		// Committed, as the attempt alone is, so that the count outlives the process.
+		marker, waits, err := dl.cfg.Store.LockMessage(ctx, dl.cfg.Consumer, soloWaitKey(msg.UUID),
+			store.Count{Now: dl.cfg.Now(), First: 1})
+		if err != nil {
+			return nil, fmt.Errorf("message %s could not run alone in the process within %s, and that cannot be counted: %w",
+				msg.UUID, dl.cfg.SoloWait, err)
+		}
+		marker.Unlock(ctx)
+		d.soloWaits = waits
+	}
+	if d.soloWaits < dl.cfg.MaxSoloWaits {
+		return nil, fmt.Errorf("message %s, delivered %d times without finishing, was to run alone in the process "+
+			"to tell whether it crashes it, but other deliveries still ran after %s (%d of %d such waits before it is "+
+			"dead-lettered); it is tried again on its redelivery",
+			msg.UUID, d.count, dl.cfg.SoloWait, d.soloWaits, dl.cfg.MaxSoloWaits)
+	}
+	err := dl.deadLetter(msg, d, fmt.Sprintf(
+		"delivered %d times without finishing (at most %d allowed), and never got to run alone in the process to tell "+
+			"whether it crashes it: other deliveries still ran after %s, on %d deliveries in a row (MaxSoloWaits); "+
+			"it was not run — replay it when the process is less busy", d.count, dl.cfg.MaxDeliveries, dl.cfg.SoloWait, d.soloWaits))
+	if d.deadLettered {
+		dl.forget(ctx, msg.UUID, soloWaitKey, "Cannot remove the count of a message's waits to run alone")
+	}
+	return nil, err
+}
+
 // forgetAlone removes the record of a suspect's attempt alone. Left behind, it would dead-letter
 // the message at its next suspicion without another attempt; a replay removes it too.
 func (dl *deadLetter) forgetAlone(ctx context.Context, messageID string) bool {
+	return dl.forget(ctx, messageID, soloKey, "Cannot remove the record of a message's attempt alone")
+}
+
+// forget removes the delivery-count row that key gives for the message, and logs failure if it
+// cannot.
+func (dl *deadLetter) forget(ctx context.Context, messageID string, key func(string) string, failure string) bool {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if err := dl.cfg.Store.ResetDeliveries(ctx, dl.cfg.Consumer, soloKey(messageID)); err != nil {
-		dl.cfg.Logger.Error("Cannot remove the record of a message's attempt alone", err, watermill.LogFields{
-			"consumer": dl.cfg.Consumer, "message_uuid": messageID,
-		})
+	if err := dl.cfg.Store.ResetDeliveries(ctx, dl.cfg.Consumer, key(messageID)); err != nil {
+		dl.cfg.Logger.Error(failure, err, watermill.LogFields{"consumer": dl.cfg.Consumer, "message_uuid": messageID})
 		return false
 	}
 	return true

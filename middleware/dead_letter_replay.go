@@ -60,6 +60,9 @@ func ReplayInboxDeadLetters(ctx context.Context, cfg ReplayConfig, filter store.
 		if err := cfg.Store.ResetDeliveries(ctx, d.Consumer, soloKey(d.MessageID)); err != nil {
 			return letters[:i], fmt.Errorf("replay dead letter %d: reset its attempt alone: %w", d.ID, err)
 		}
+		if err := cfg.Store.ResetDeliveries(ctx, d.Consumer, soloWaitKey(d.MessageID)); err != nil {
+			return letters[:i], fmt.Errorf("replay dead letter %d: reset its waits to run alone: %w", d.ID, err)
+		}
 		msg := message.NewMessage(d.MessageID, d.Payload)
 		msg.Metadata = message.Metadata(d.Metadata)
 		if msg.Metadata == nil {

@@ -24,6 +24,7 @@ type delivery struct {
 	deadLettered bool
 	parked       bool // the order guard parked it: it waits for an earlier event of its key
 	soloStarted  bool // its attempt alone in the process is recorded (see DeadLetterConfig.MaxDeliveries)
+	soloWaits    int  // its waits in vain to run alone, this one's included, once counted (see DeadLetterConfig.MaxSoloWaits)
 
 	// locked is the session DeliveryCount holds for the whole delivery, with the message's lock:
 	// the middlewares inside do their database work on it, so a delivery needs one connection

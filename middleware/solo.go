@@ -14,6 +14,9 @@ import (
 // DefaultSoloWait is the default of DeadLetterConfig.SoloWait.
 const DefaultSoloWait = time.Minute
 
+// DefaultMaxSoloWaits is the default of DeadLetterConfig.MaxSoloWaits.
+const DefaultMaxSoloWaits = 3
+
 // gate lets the deliveries of a process run together, or one suspect of crashing the process run
 // alone: a delivery holds it shared while its handler runs (a batch consumer's batch too), a
 // suspect exclusively. It is process-wide, as a crash is: every consumer of the process loses what
@@ -109,10 +112,19 @@ func holdAlone(ctx context.Context) (*gateHold, error) {
 
 // soloKey is the delivery-count key under which a suspect's attempt alone is recorded: a row of
 // inbox_deliveries of its own, written only for suspects, and removed once the attempt finishes.
-func soloKey(messageID string) string {
+func soloKey(messageID string) string { return keyOf("solo:", messageID) }
+
+// soloWaitKey is the delivery-count key under which a suspect's deliveries that waited SoloWait in
+// vain are counted, since its last attempt alone: a row of inbox_deliveries of its own, written
+// only for suspects that could not run alone, and removed once the suspect gets its attempt alone
+// or is dead-lettered.
+func soloWaitKey(messageID string) string { return keyOf("solowait:", messageID) }
+
+// keyOf prefixes a message id, or a digest of one too long for the delivery count's key.
+func keyOf(prefix, messageID string) string {
 	if len(messageID) <= 200 {
-		return "solo:" + messageID
+		return prefix + messageID
 	}
 	sum := sha256.Sum256([]byte(messageID))
-	return "solo:sha256:" + hex.EncodeToString(sum[:])
+	return prefix + "sha256:" + hex.EncodeToString(sum[:])
 }

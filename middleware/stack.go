@@ -28,6 +28,9 @@ type StackConfig struct {
 	// SoloWait bounds a suspect's wait to run alone: see DeadLetterConfig.SoloWait. Default
 	// DefaultSoloWait (1 minute).
 	SoloWait time.Duration
+	// MaxSoloWaits bounds a suspect's deliveries in a row that wait SoloWait in vain before it is
+	// dead-lettered: see DeadLetterConfig.MaxSoloWaits. Default DefaultMaxSoloWaits (3).
+	MaxSoloWaits int
 	// MaxRetries in-process before the error goes out. Default DefaultMaxRetries (3); -1 for none.
 	MaxRetries int
 	// RetryBackoff spaces the in-process retries. Default DefaultRetryBackoff.
@@ -104,7 +107,7 @@ func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 	add(NewDeliveryCount(DeliveryCountConfig{Store: cfg.Store, Consumer: cfg.Consumer,
 		Now: cfg.Now, Logger: cfg.Logger, CountFirstDeliveries: cfg.CountFirstDeliveries, IsUnreachable: cfg.IsUnreachable}))
 	add(NewDeadLetter(DeadLetterConfig{Store: cfg.Store, Consumer: cfg.Consumer,
-		MaxDeliveries: cfg.MaxDeliveries, SoloWait: cfg.SoloWait, DeadLetterPublisher: cfg.DeadLetterPublisher, DeadLetterTopic: cfg.DeadLetterTopic,
+		MaxDeliveries: cfg.MaxDeliveries, SoloWait: cfg.SoloWait, MaxSoloWaits: cfg.MaxSoloWaits, DeadLetterPublisher: cfg.DeadLetterPublisher, DeadLetterTopic: cfg.DeadLetterTopic,
 		PoisonPublisher: cfg.PoisonPublisher, PoisonTopic: cfg.PoisonTopic,
 		IsUnreachable: cfg.IsUnreachable, Now: cfg.Now, Logger: cfg.Logger}))
 	add(NewRetry(RetryConfig{MaxRetries: cfg.MaxRetries, Backoff: cfg.RetryBackoff, IsUnreachable: cfg.IsUnreachable, Logger: cfg.Logger}))
