@@ -118,7 +118,7 @@ func (m kafkaMarshaler) Unmarshal(cm *sarama.ConsumerMessage) (*message.Message,
 	return msg, nil
 }
 
-// kafkaVersion is the protocol version the producer and the lag reader speak: Kafka 2.8 (2021) or
+// kafkaVersion is the protocol version the producer and the ping speak: Kafka 2.8 (2021) or
 // newer.
 var kafkaVersion = sarama.V2_8_0_0
 

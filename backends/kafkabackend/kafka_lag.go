@@ -2,10 +2,16 @@ package kafkabackend
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
-	"github.com/IBM/sarama"
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
@@ -13,22 +19,26 @@ import (
 
 // kafkaLag sums, over the topic's partitions, the newest offset minus the group's committed one,
 // and reads the timestamp of the first record not committed on each partition behind. One client
-// serves every read (every group, every scrape); a failed read drops it, the next dials again.
+// (franz-go's, as the subscriber's, with kadm's requests) serves every read, every group, every
+// scrape; a failed read drops it, the next dials again. It reads and never writes: a topic that
+// does not exist is an error, not created.
 type kafkaLag struct {
 	brokers []string
 	mu      sync.Mutex
-	client  sarama.Client
+	client  *kgo.Client
 }
+
+// kafkaAgeWait bounds the wait for the records whose age a read reports.
+const kafkaAgeWait = 3 * time.Second
 
 func (k *kafkaLag) read(ctx context.Context, topic, group string) (backends.Lag, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.client == nil {
-		cfg := sarama.NewConfig()
-		cfg.Version = kafkaVersion
-		cfg.Net.DialTimeout = 5 * time.Second
-		cfg.Consumer.Return.Errors = true
-		client, err := sarama.NewClient(k.brokers, cfg)
+		// Not a group member: a direct consumer, of the partitions a read adds, for the ages.
+		client, err := kgo.NewClient(kgo.SeedBrokers(k.brokers...), kgo.ClientID("outboxkit"),
+			kgo.DialTimeout(5*time.Second), kgo.FetchMaxWait(kafkaAgeWait),
+			kgo.FetchMaxBytes(1<<20), kgo.FetchMaxPartitionBytes(64<<10)) // one record's worth: Kafka sends a whole first batch anyway
 		if err != nil {
 			return backends.Lag{}, classifyKafka(err)
 		}
@@ -36,7 +46,7 @@ func (k *kafkaLag) read(ctx context.Context, topic, group string) (backends.Lag,
 	}
 	l, err := kafkaGroupLag(ctx, k.client, topic, group)
 	if err != nil {
-		_ = k.client.Close()
+		k.client.Close()
 		k.client = nil
 	}
 	return l, err
@@ -46,76 +56,102 @@ func (k *kafkaLag) close() error {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.client != nil {
-		return k.client.Close()
+		k.client.Close()
+		k.client = nil
 	}
 	return nil
 }
 
-func kafkaGroupLag(ctx context.Context, client sarama.Client, topic, group string) (backends.Lag, error) {
-	if err := client.RefreshMetadata(topic); err != nil {
-		return backends.Lag{}, classifyKafka(err)
+func kafkaGroupLag(ctx context.Context, client *kgo.Client, topic, group string) (backends.Lag, error) {
+	adm := kadm.NewClient(client)
+	ends, err := adm.ListEndOffsets(ctx, topic)
+	if err == nil {
+		err = ends.Error()
 	}
-	partitions, err := client.Partitions(topic)
+	if errors.Is(err, kerr.UnknownTopicOrPartition) {
+		return backends.Lag{}, classifyKafka(fmt.Errorf("topic %s does not exist: %w", topic, err))
+	}
 	if err != nil {
-		return backends.Lag{}, classifyKafka(err)
+		return backends.Lag{}, classifyKafka(fmt.Errorf("read the newest offsets of topic %s: %w", topic, err))
 	}
-	coordinator, err := client.Coordinator(group)
+	commits, err := adm.FetchOffsets(ctx, group) // a refusal is an error; a partition's own, no commit
+	if errors.Is(err, kerr.GroupIDNotFound) {
+		// A group never seen — no member has joined it, nothing is committed; kfake says so to the
+		// OffsetFetch versions kadm sends, the version Sarama sent got no offsets — starts from
+		// the oldest record, as the subscriber does: everything waits for it.
+		commits, err = nil, nil
+	}
 	if err != nil {
-		return backends.Lag{}, classifyKafka(err)
+		return backends.Lag{}, classifyKafka(fmt.Errorf("read the offsets group %s committed: %w", group, err))
 	}
-	req := &sarama.OffsetFetchRequest{Version: 1, ConsumerGroup: group}
-	for _, p := range partitions {
-		req.AddPartition(topic, p)
+	committed := make(map[int32]int64, len(ends[topic]))
+	var uncommitted bool
+	for p := range ends[topic] {
+		committed[p] = -1
+		if c, ok := commits.Lookup(topic, p); ok && c.Err == nil {
+			committed[p] = c.At
+		}
+		uncommitted = uncommitted || committed[p] < 0
 	}
-	resp, err := coordinator.FetchOffset(req)
-	if err != nil {
-		return backends.Lag{}, classifyKafka(err)
+	if uncommitted { // nothing committed: the group starts from the oldest record
+		starts, err := adm.ListStartOffsets(ctx, topic)
+		if err == nil {
+			err = starts.Error()
+		}
+		if err != nil {
+			return backends.Lag{}, classifyKafka(fmt.Errorf("read the oldest offsets of topic %s: %w", topic, err))
+		}
+		for p, c := range committed {
+			if c >= 0 {
+				continue
+			}
+			s, ok := starts.Lookup(topic, p)
+			if !ok {
+				return backends.Lag{}, classifyKafka(fmt.Errorf("read the oldest offsets of topic %s: none for partition %d", topic, p))
+			}
+			committed[p] = s.Offset
+		}
 	}
 	var l backends.Lag
-	consumer, err := sarama.NewConsumerFromClient(client)
-	if err != nil {
-		return backends.Lag{}, classifyKafka(err)
+	behind := make(map[int32]int64)
+	for p, end := range ends[topic] {
+		if n := end.Offset - committed[p]; n > 0 {
+			l.Waiting += n
+			behind[p] = committed[p]
+		}
 	}
-	defer consumer.Close()
-	for _, p := range partitions {
-		newest, err := client.GetOffset(topic, p, sarama.OffsetNewest)
-		if err != nil {
-			return backends.Lag{}, classifyKafka(err)
-		}
-		committed := int64(-1)
-		if block := resp.GetBlock(topic, p); block != nil && block.Err == sarama.ErrNoError {
-			committed = block.Offset
-		}
-		if committed < 0 { // nothing committed: the group starts from the oldest record
-			if committed, err = client.GetOffset(topic, p, sarama.OffsetOldest); err != nil {
-				return backends.Lag{}, classifyKafka(err)
-			}
-		}
-		behind := newest - committed
-		if behind <= 0 {
-			continue
-		}
-		l.Waiting += behind
-		if age, ok := kafkaRecordAge(ctx, consumer, topic, p, committed); ok && age > l.OldestAge {
+	for _, age := range kafkaRecordAges(ctx, client, topic, behind) {
+		if age > l.OldestAge || !l.HasAge {
 			l.OldestAge, l.HasAge = age, true
 		}
 	}
 	return l, nil
 }
 
-// kafkaRecordAge reads the record at offset and returns how old its timestamp is.
-func kafkaRecordAge(ctx context.Context, consumer sarama.Consumer, topic string, partition int32, offset int64) (time.Duration, bool) {
-	pc, err := consumer.ConsumePartition(topic, partition, offset)
-	if err != nil {
-		return 0, false
+// kafkaRecordAges reads, on each partition of from, the first record at or after its offset, and
+// returns how old each one's timestamp is; a partition whose record does not come within
+// kafkaAgeWait (or ctx) has none.
+func kafkaRecordAges(ctx context.Context, client *kgo.Client, topic string, from map[int32]int64) map[int32]time.Duration {
+	ages := make(map[int32]time.Duration, len(from))
+	if len(from) == 0 {
+		return ages
 	}
-	defer pc.Close()
-	select {
-	case m := <-pc.Messages():
-		return brokerio.AgeOf(m.Timestamp), true
-	case <-pc.Errors():
-	case <-ctx.Done():
-	case <-time.After(3 * time.Second):
+	offsets := make(map[int32]kgo.Offset, len(from))
+	for p, o := range from {
+		offsets[p] = kgo.NewOffset().At(o)
 	}
-	return 0, false
+	client.AddConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets})
+	defer client.RemoveConsumePartitions(map[string][]int32{topic: slices.Collect(maps.Keys(from))})
+	ctx, cancel := context.WithTimeout(ctx, kafkaAgeWait)
+	defer cancel()
+	for len(ages) < len(from) && ctx.Err() == nil {
+		// kgo hands out no record before the offset a partition was added at, and the removal of
+		// an earlier read's partitions dropped what it had fetched for them.
+		client.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
+			if _, done := ages[r.Partition]; r.Topic == topic && !done {
+				ages[r.Partition] = brokerio.AgeOf(r.Timestamp)
+			}
+		})
+	}
+	return ages
 }
