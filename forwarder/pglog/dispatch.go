@@ -59,6 +59,13 @@ type dispatcher struct {
 	// probing: a row came back from an unreachable broker, or from an open circuit. Until a row
 	// gets through, one row at a time is in flight, which is the circuit's probe once it half-opens.
 	probing bool
+	// scan is where eligible starts: the entries from head to it are done, in flight or barriers.
+	// It moves back to head when an entry in flight comes back not done, and with the window's
+	// compaction; so a look for the rows that may go, at each turn of the loop, skips what went.
+	scan int
+	// eligible's scratch maps, cleared at each look.
+	held, paused map[string]bool
+	seqs         map[int64]bool
 
 	// The checkpoint running beside the publishing, if any: its outcome comes back here.
 	flushing chan checkpointDone
@@ -90,7 +97,8 @@ type dispatcher struct {
 
 func newDispatcher(s *session) *dispatcher {
 	return &dispatcher{s: s, lastFlush: time.Now(), parked: map[string]int64{}, checkKeys: map[string]bool{}, drained: map[string]int64{},
-		done: make(chan completion, max(s.r.fcfg.MaxInFlight, 1)), busy: map[string]bool{}, busySeqs: map[int64]bool{}}
+		done: make(chan completion, max(s.r.fcfg.MaxInFlight, 1)), busy: map[string]bool{}, busySeqs: map[int64]bool{},
+		held: map[string]bool{}, paused: map[string]bool{}, seqs: map[int64]bool{}}
 }
 
 func (d *dispatcher) window() int { return len(d.fifo) - d.head }
@@ -495,11 +503,21 @@ func (d *dispatcher) eligible(now time.Time, limit int) (batch []*entry, wakeAt 
 	if now.Before(d.pauseUntil) {
 		return nil, d.pauseUntil
 	}
-	held := map[string]bool{}   // keys behind an event that backs off, or picked now
-	paused := map[string]bool{} // keys behind an event of a paused topic
-	seqs := map[int64]bool{}    // rows picked now (a row read twice goes once at a time)
+	held := d.held     // keys behind an event that backs off, or picked now
+	paused := d.paused // keys behind an event of a paused topic
+	seqs := d.seqs     // rows picked now (a row read twice goes once at a time)
+	clear(held)
+	clear(paused)
+	clear(seqs)
 	parked, nPaused := 0, 0
-	for _, e := range d.fifo[d.head:] {
+	d.scan = max(d.scan, d.head)
+	for d.scan < len(d.fifo) {
+		if e := d.fifo[d.scan]; !e.done && e.barrier == nil && !e.inFlight {
+			break
+		}
+		d.scan++
+	}
+	for _, e := range d.fifo[d.scan:] {
 		if e.done || e.barrier != nil || e.inFlight {
 			continue // an event in flight has its key in d.busy
 		}
@@ -587,6 +605,7 @@ func (d *dispatcher) complete(c completion) {
 		e.row.Payload, e.row.Metadata = nil, nil
 		return
 	}
+	d.scan = d.head // e is behind it, and not done unless dead-lettered
 	for _, f := range del.Failed {
 		e.row.Attempts++
 		if f.DeadLettered {
@@ -724,6 +743,7 @@ func (d *dispatcher) advance() {
 	}
 	if d.head > 1024 && d.head > len(d.fifo)/2 {
 		d.fifo = append(d.fifo[:0], d.fifo[d.head:]...)
+		d.scan = max(d.scan-d.head, 0)
 		d.head = 0
 	}
 }
@@ -773,6 +793,7 @@ func (d *dispatcher) compact() {
 	clear(d.fifo[len(kept):])
 	d.fifo = kept
 	d.doneBehind = 0
+	d.scan = d.head
 }
 
 // flush removes the published rows and records the confirmable position in one statement, then
