@@ -66,6 +66,9 @@ type dispatcher struct {
 	// eligible's scratch maps, cleared at each look.
 	held, paused map[string]bool
 	seqs         map[int64]bool
+	// countedAt is when eligible last counted the events the pauses hold (a walk of the window),
+	// which it does at most every heldCountEvery.
+	countedAt time.Time
 
 	// The checkpoint running beside the publishing, if any: its outcome comes back here.
 	flushing chan checkpointDone
@@ -470,7 +473,7 @@ func (d *dispatcher) launch(now time.Time) time.Time {
 		limit = 1
 	}
 	free := max(limit-d.inFlight, 0)
-	if free == 0 && !d.s.r.fwd.Pausing() {
+	if free == 0 && (!d.s.r.fwd.Pausing() || time.Since(d.countedAt) < heldCountEvery) {
 		return time.Time{} // an outcome coming back wakes the loop
 	}
 	batch, wakeAt := d.eligible(now, free)
@@ -490,7 +493,16 @@ func (d *dispatcher) eligible(now time.Time, limit int) (batch []*entry, wakeAt 
 	if !pausing {
 		r.held.Store(0)
 	}
+	// Counting what the pauses hold walks the window past the rows picked; the loop looks at each
+	// outcome, so the count (SlotStatus's HeldEvents) is taken at most every heldCountEvery.
+	count := pausing && time.Since(d.countedAt) >= heldCountEvery
+	if count {
+		d.countedAt = time.Now()
+	}
 	if r.fwd.RelayPaused() {
+		if !count {
+			return nil, time.Time{}
+		}
 		n := 0
 		for _, e := range d.fifo[d.head:] {
 			if !e.done && e.barrier == nil && !e.inFlight {
@@ -530,7 +542,7 @@ func (d *dispatcher) eligible(now time.Time, limit int) (batch []*entry, wakeAt 
 			continue
 		}
 		if len(batch) >= limit {
-			if !pausing {
+			if !count {
 				break
 			}
 			continue // counting what the pauses hold
@@ -555,11 +567,14 @@ func (d *dispatcher) eligible(now time.Time, limit int) (batch []*entry, wakeAt 
 		seqs[e.row.Seq] = true
 	}
 	r.parked.Store(int64(parked))
-	if pausing {
+	if count {
 		r.held.Store(int64(nPaused))
 	}
 	return batch, wakeAt
 }
+
+// heldCountEvery is the most often eligible counts the events the pauses hold.
+const heldCountEvery = 100 * time.Millisecond
 
 // completion is a row's outcome, handed back to the dispatcher's loop.
 type completion struct {
@@ -738,7 +753,11 @@ func (d *dispatcher) advance() {
 		d.head++
 		d.popped += 1 + e.extra
 	}
-	if d.window() >= d.s.r.cfg.Window && d.doneBehind > 0 {
+	// Compaction walks the whole window. The loop turns at each outcome, so a full window is
+	// compacted once a sixteenth of it is done — which keeps the walk to a few entries an outcome
+	// while a backlog keeps the window full — or at once when nothing is in flight, when no outcome
+	// will come to make room.
+	if w := d.s.r.cfg.Window; d.window() >= w && d.doneBehind > 0 && (d.inFlight == 0 || d.doneBehind >= w/16) {
 		d.compact()
 	}
 	if d.head > 1024 && d.head > len(d.fifo)/2 {
