@@ -30,14 +30,19 @@ import (
 // records may have been delivered before (below the horizon) and which are first deliveries.
 const horizonPrefix = "outboxkit:horizon="
 
-// horizonAhead is how far past the record about to be handed out a member moves the horizon: one
-// commit covers that many records (or twice unacked, if more). A member that ends its claim in
-// order commits the horizon of what it did hand out; after a crash, up to that many records that
-// no one was handed are taken for redeliveries (counted once more than they were delivered).
+// horizonAhead is the farthest a member keeps the horizon past what it has handed out (or twice
+// unacked, if more). It keeps it about twice what the partition hands out in kafkaHorizonEvery
+// ahead, at least kafkaAheadMin, so that a commit covers many records. A member that ends its claim
+// in order commits the horizon of what it did hand out; after a crash, the records between what was
+// handed out and the horizon, which no one was handed, are taken for redeliveries (counted once
+// more than they were delivered): a few seconds of the partition's records, not horizonAhead.
 const horizonAhead = 256
 
-// kafkaCommitEvery is how often a member commits the offsets of what it has acknowledged.
-const kafkaCommitEvery = time.Second
+// kafkaAheadMin is the least a member keeps the horizon past what it has handed out.
+const kafkaAheadMin = 16
+
+// kafkaHorizonEvery is how often a member moves the horizon to follow the partition's rate.
+const kafkaHorizonEvery = time.Second
 
 // kafkaNackDelay is how long a nacked record waits before it is handed out again.
 const kafkaNackDelay = 100 * time.Millisecond
@@ -66,7 +71,9 @@ var kafkaBalancers = func() []kgo.GroupBalancer {
 //     first delivery that succeeds.
 //   - hands out up to unacked records of each partition before the first is acknowledged, in
 //     offset order, so that a batching consumer (middleware.BatchConsumer) fills its batches; the
-//     offset committed is that of the first record not acknowledged.
+//     offset committed is that of the first record not acknowledged, committed as
+//     acknowledgements come (kafkaCommits): a process that dies has its successor read again
+//     only what it held and what it acknowledged in the last kafkaCommitGap.
 //   - gives a revoked partition up cleanly: its records handed out have a moment to be settled,
 //     and what was acknowledged is committed before the group may assign the partition to another
 //     member. A partition lost (the member was fenced out of the group) is abandoned at once: its
@@ -477,8 +484,8 @@ func (c *kafkaConsumer) readHorizons(ctx context.Context, partitions []int32) (m
 }
 
 // kafkaClaim is a partition assigned to the subscription: it hands the partition's records out,
-// up to unacked at a time, and commits the offset of the first one not acknowledged, every
-// kafkaCommitEvery and when it ends.
+// up to unacked at a time, and commits the offset of the first one not acknowledged as it moves
+// (see kafkaCommits) and when it ends.
 type kafkaClaim struct {
 	c                                *kafkaConsumer
 	p                                int32
@@ -559,26 +566,35 @@ type kafkaVerdict struct {
 
 func (k *kafkaClaim) run() {
 	c, ctx, p := k.c, k.ctx, k.p
-	vouchFrom, committed := k.vouchFrom, k.committed
+	vouchFrom := k.vouchFrom
 	// What is handed out is waited for a little past the claim's end (see below).
 	held, release := context.WithCancel(c.ctx)
 	defer release()
-	next := int64(-1) // the first offset not acknowledged: known with the first record
-	lastCommit := next
+	next := int64(-1)      // the first offset not acknowledged: known with the first record
 	handed := k.handedFrom // past what this member, and any before it, may have handed out
+	horizon := k.committed // the horizon last asked for
+	// ahead is how far past what is handed out the horizon is kept: twice what the partition hands
+	// out in kafkaHorizonEvery, at least kafkaAheadMin; doubled whenever hand-outs catch up with it.
+	ahead, aheadMax := int64(kafkaAheadMin), int64(max(horizonAhead, 2*c.s.unacked))
 	var (
 		out      []*kafkaRecord // handed out, in offset order
 		verdicts = make(chan kafkaVerdict, c.s.unacked)
-		tick     = time.NewTicker(kafkaCommitEvery)
+		tick     = time.NewTicker(kafkaHorizonEvery)
+		lastTick = handed
+		commits  = newKafkaCommits(c, p, -1, k.committed)
 	)
 	defer tick.Stop()
-	commit := func(ctx context.Context, horizon int64) error {
-		err := c.commit(ctx, p, next, horizon)
-		if err == nil {
-			lastCommit, committed = next, horizon
-		}
-		return err
-	}
+	// The commits outlive the claim's context: its last one is made once it has ended (below).
+	cctx, stopCommits := context.WithCancel(context.WithoutCancel(ctx))
+	committing := make(chan struct{})
+	go func() {
+		defer close(committing)
+		commits.run(cctx)
+	}()
+	defer func() {
+		stopCommits()
+		<-committing
+	}()
 	apply := func(v kafkaVerdict) {
 		if v.msg != nil { // nacked: handed out again, held still
 			c.settling.Add(1)
@@ -603,9 +619,14 @@ func (k *kafkaClaim) run() {
 				r.acked = true
 			}
 		}
+		moved := false
 		for len(out) > 0 && out[0].acked {
 			next = out[0].offset + 1
 			out = out[1:]
+			moved = true
+		}
+		if moved {
+			commits.ask(kafkaCommitAsk{offset: next, horizon: horizon})
 		}
 	}
 	defer func() {
@@ -629,14 +650,16 @@ func (k *kafkaClaim) run() {
 				break wait
 			}
 		}
+		if next < 0 {
+			return // nothing handed out
+		}
 		// The horizon comes back to what was handed out: the partition's next owner takes the
 		// records past it for first deliveries.
-		if horizon := max(handed, next); next >= 0 && (next != lastCommit || horizon != committed) {
-			cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			if err := commit(cctx, horizon); err != nil {
-				c.s.logger.Info("Cannot commit at the end of a claim; its records will be read again", k.fields.Add(watermill.LogFields{"err": err}))
-			}
-			cancel()
+		n := commits.ask(kafkaCommitAsk{offset: next, horizon: max(handed, next)})
+		wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := commits.wait(wctx, n); err != nil {
+			c.s.logger.Info("Cannot commit at the end of a claim; its records will be read again", k.fields.Add(watermill.LogFields{"err": err}))
 		}
 	}()
 	full := false // the window filled up: hand out again once half of it is settled, in a run
@@ -656,10 +679,17 @@ func (k *kafkaClaim) run() {
 		case v := <-verdicts:
 			apply(v)
 		case <-tick.C:
-			if next != lastCommit {
-				if err := commit(ctx, committed); err != nil && ctx.Err() == nil {
-					c.s.logger.Error("Cannot commit offsets", err, k.fields)
-				}
+			// Keep the horizon between half and twice ahead past what is handed out: near enough
+			// that a crash leaves few records taken for redeliveries, far enough that handing out
+			// seldom waits for a commit.
+			rate := handed - lastTick
+			lastTick = handed
+			if target := max(kafkaAheadMin, 2*rate); target < ahead/2 {
+				ahead = target
+			}
+			if from := max(handed, next); next >= 0 && (horizon-from > 2*ahead || horizon-from < ahead/2) {
+				horizon = from + ahead
+				commits.ask(kafkaCommitAsk{offset: next, horizon: horizon})
 			}
 		case <-wake:
 			r := k.pop()
@@ -667,12 +697,19 @@ func (k *kafkaClaim) run() {
 				continue
 			}
 			if next < 0 { // the first record: where the group's committed offset, or the oldest, is
-				next, lastCommit = r.Offset, r.Offset
+				next = r.Offset
 				handed = max(handed, next)
 			}
-			if r.Offset >= committed {
-				// Past the horizon: record a new one before handing this record out.
-				if err := commit(ctx, r.Offset+int64(max(horizonAhead, 2*c.s.unacked))); err != nil {
+			if r.Offset >= commits.horizonFloor() {
+				// Past the horizon: have a new one committed before handing this record out.
+				if horizon <= r.Offset {
+					if horizon >= 0 {
+						ahead = min(2*ahead, aheadMax) // caught up with it: a longer stride
+					}
+					horizon = r.Offset + ahead
+				}
+				n := commits.ask(kafkaCommitAsk{offset: next, horizon: horizon})
+				if err := commits.wait(ctx, n); err != nil || r.Offset >= commits.horizonFloor() {
 					if ctx.Err() == nil {
 						c.s.logger.Error("Cannot commit the group's read horizon; the claim pauses", err, k.fields)
 						k.requeue(r)
