@@ -11,9 +11,9 @@ import (
 // kafkaCommitGap is the least time between two commits of a partition: an acknowledgement is
 // committed at once when the partition's last commit started longer ago, else that much after it,
 // with whatever else was acknowledged meanwhile. A process that dies loses to redelivery about what
-// it acknowledged in the last gap, whatever its rate, and a busy partition costs the broker at most
-// 1/gap commits a second.
-const kafkaCommitGap = 50 * time.Millisecond
+// it acknowledged in the last gap and the commit in flight, whatever its rate, and a busy partition
+// costs the broker at most 1/gap commits a second.
+const kafkaCommitGap = 10 * time.Millisecond
 
 // kafkaCommitAsk is what a claim wants committed: the first offset not acknowledged, and the read
 // horizon (see horizonPrefix).
