@@ -13,6 +13,7 @@ import (
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/middleware"
 )
@@ -42,6 +43,18 @@ func TestKafka_ConsumerCrashingEveryFewMessages(t *testing.T) {
 		return -1
 	}
 
+	// setup gives a subtest its schema with the effects table, and a topic of one partition holding
+	// messages events.
+	setup := func(t *testing.T, messages int) (pg *testenv.PG, topic, group string, b *backends.Backend) {
+		pg = testenv.NewPG(t)
+		createEffects(t, pgDB(pg))
+		topic = testenv.UniqueName(t, "crashloop") + ".placed"
+		createKafkaTopic(t, url, topic, 1)
+		b = openBackend(t, url, kafkaOpts)
+		publishEvents(t, b, topic, goods(messages)...)
+		return pg, topic, testenv.UniqueName(t, "billing"), b
+	}
+
 	t.Run("progress", func(t *testing.T) {
 		t.Parallel()
 		const (
@@ -53,13 +66,8 @@ func TestKafka_ConsumerCrashingEveryFewMessages(t *testing.T) {
 			// none of them, and its successor read them again: one message was counted 7 times.
 			maxRounds = 12
 		)
-		pg := testenv.NewPG(t)
+		pg, topic, group, _ := setup(t, messages)
 		db := pgDB(pg)
-		createEffects(t, db)
-		topic := testenv.UniqueName(t, "crashloop") + ".placed"
-		createKafkaTopic(t, url, topic, 1)
-		group := testenv.UniqueName(t, "billing")
-		publishEvents(t, openBackend(t, url, kafkaOpts), topic, goods(messages)...)
 		rounds := 0
 		for {
 			rounds++
@@ -95,14 +103,8 @@ func TestKafka_ConsumerCrashingEveryFewMessages(t *testing.T) {
 			// dozen at most. A horizon a fixed 256 records ahead made 256 of them suspects.
 			maxCounted = 40
 		)
-		pg := testenv.NewPG(t)
+		pg, topic, group, b := setup(t, messages)
 		db := pgDB(pg)
-		createEffects(t, db)
-		topic := testenv.UniqueName(t, "horizon") + ".placed"
-		createKafkaTopic(t, url, topic, 1)
-		group := testenv.UniqueName(t, "billing")
-		b := openBackend(t, url, kafkaOpts)
-		publishEvents(t, b, topic, goods(messages)...)
 		if code := run(t, pg, topic, group, every, messages); code != 7 {
 			t.Fatalf("the first process did not die at its %dth message", every)
 		}
