@@ -352,20 +352,16 @@ func (c *BatchConsumer) inTransaction(run []*message.Message) (err error) {
 	}
 	defer hold.release()
 	session := c.cfg.Store.Session()
-	tx, err := session.BeginInbox(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
 	ids := make([]string, len(run))
 	for i, m := range run {
 		ids[i] = m.UUID
 	}
 	now := c.cfg.Now()
-	inserted, err := tx.InsertInboxes(ctx, c.cfg.Consumer, ids, now)
+	tx, inserted, err := beginInboxes(ctx, session, c.cfg.Consumer, ids, now)
 	if err != nil {
 		return err
 	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
 	var duplicates []string
 	for _, m := range run {
 		d := deliveryOf(m)
@@ -393,6 +389,24 @@ func (c *BatchConsumer) inTransaction(run []*message.Message) (err error) {
 		}
 	}
 	return nil
+}
+
+// beginInboxes begins the batch's transaction with its inbox rows inserted: in one round trip
+// where the store can (store.InboxBeginner), else BEGIN and then the INSERT.
+func beginInboxes(ctx context.Context, session store.Session, consumer string, ids []string, now time.Time) (store.InboxTx, map[string]bool, error) {
+	if b, ok := session.(store.InboxBeginner); ok {
+		return b.BeginInboxes(ctx, consumer, ids, now)
+	}
+	tx, err := session.BeginInbox(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	inserted, err := tx.InsertInboxes(ctx, consumer, ids, now)
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return nil, nil, err
+	}
+	return tx, inserted, nil
 }
 
 // apply runs the handler for one message in the batch's transaction and writes what it returns

@@ -305,6 +305,13 @@ type Session interface {
 	DeadLetter(ctx context.Context, q InboxDeadLetter) error
 }
 
+// InboxBeginner is implemented by a Session that can begin an inbox transaction and insert a
+// batch's inbox rows in one round trip (store/pgxstore: BEGIN and the INSERT in one pipeline).
+// BeginInboxes is BeginInbox followed by InsertInboxes: on error nothing is left open.
+type InboxBeginner interface {
+	BeginInboxes(ctx context.Context, consumer string, messageIDs []string, now time.Time) (tx InboxTx, inserted map[string]bool, err error)
+}
+
 // LockedSession is a Session holding a message's lock (see Store.LockMessage).
 type LockedSession interface {
 	Session

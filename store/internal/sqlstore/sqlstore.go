@@ -476,9 +476,9 @@ func (t inboxTx) InsertInbox(ctx context.Context, consumer, messageID string, no
 }
 
 func (t inboxTx) InsertInboxes(ctx context.Context, consumer string, messageIDs []string, now time.Time) (map[string]bool, error) {
-	ids := slices.Compact(slices.Sorted(slices.Values(messageIDs)))
-	inserted := make(map[string]bool, len(ids))
 	if t.s.q.InsertInboxes == "" {
+		ids := slices.Compact(slices.Sorted(slices.Values(messageIDs)))
+		inserted := make(map[string]bool, len(ids))
 		for _, id := range ids {
 			n, err := t.tx.Exec(ctx, t.s.q.InsertInbox, consumer, id, t.s.d.Time(now))
 			if err != nil {
@@ -488,20 +488,45 @@ func (t inboxTx) InsertInboxes(ctx context.Context, consumer string, messageIDs 
 		}
 		return inserted, nil
 	}
-	rows, err := t.tx.Query(ctx, t.s.q.InsertInboxes, consumer, t.s.d.Strings(ids), t.s.d.Time(now))
+	query, args := t.s.InsertInboxes(consumer, messageIDs, now)
+	rows, err := t.tx.Query(ctx, query, args...)
 	if err != nil {
 		return nil, t.s.d.Classify(err)
 	}
+	inserted, err := InsertedInboxes(rows)
+	return inserted, t.s.d.Classify(err)
+}
+
+// InsertInboxes is the statement that inserts a batch's inbox rows in one go, in sorted order,
+// and returns the ids it inserted (read them with InsertedInboxes); "" when the dialect has none.
+func (s *Store) InsertInboxes(consumer string, messageIDs []string, now time.Time) (query string, args []any) {
+	if s.q.InsertInboxes == "" {
+		return "", nil
+	}
+	ids := slices.Compact(slices.Sorted(slices.Values(messageIDs)))
+	return s.q.InsertInboxes, []any{consumer, s.d.Strings(ids), s.d.Time(now)}
+}
+
+// InsertedInboxes reads the ids the statement of InsertInboxes returned, and closes rows.
+func InsertedInboxes(rows dbexec.Rows) (map[string]bool, error) {
 	defer rows.Close()
+	inserted := map[string]bool{}
 	for rows.Next() {
 		var id string
 		if err := rows.Scan(&id); err != nil {
-			return nil, t.s.d.Classify(err)
+			return nil, err
 		}
 		inserted[id] = true
 	}
-	return inserted, t.s.d.Classify(rows.Err())
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return inserted, rows.Close()
 }
+
+// InboxTx is an inbox transaction over tx, begun by the caller (store/pgxstore begins it in one
+// round trip with its inbox rows).
+func (s *Store) InboxTx(tx dbexec.Tx) store.InboxTx { return inboxTx{userTx{s: s, tx: tx}} }
 
 func (t inboxTx) LockVersion(ctx context.Context, consumer, key string) (int64, bool, error) {
 	if _, err := t.tx.Exec(ctx, t.s.q.VersionPlaceholder, consumer, key, t.s.d.Time(time.Now())); err != nil {
