@@ -143,6 +143,29 @@ func (c *stageClock) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tra
 
 type commitKey struct{}
 
+// A batch whose first statement is BEGIN opens a transaction too (pgxstore sends a batch
+// consumer's BEGIN with its inbox INSERT); any other batch is one more statement of the open one.
+func (c *stageClock) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	if d.Batch == nil || len(d.Batch.QueuedQueries) == 0 {
+		return ctx
+	}
+	sql := strings.ToLower(strings.TrimSpace(d.Batch.QueuedQueries[0].SQL))
+	now := time.Now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case strings.HasPrefix(sql, "begin"):
+		c.cur = &batchTimes{begin: now, stmts: 1}
+		c.batches = append(c.batches, c.cur)
+	case c.cur != nil && c.cur.commitEnd.IsZero():
+		c.cur.stmts++
+	}
+	return ctx
+}
+
+func (c *stageClock) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *stageClock) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
 func (c *stageClock) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
 	if b, ok := ctx.Value(commitKey{}).(*batchTimes); ok {
 		now := time.Now()
