@@ -75,10 +75,7 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 	var relays, consumerProcs []*proc
 	for i := 1; i <= o.relays; i++ {
 		args := append(common(fmt.Sprintf("relay%d", i)), "--role", "relay", "--relay-name", fmt.Sprintf("relay-%d", i), "--addr", "127.0.0.1:0")
-		switch {
-		case o.crashAfterPublish > 0 && o.relay == "log":
-			args = append(args, "--crash-after-publish", strconv.Itoa(20*o.crashAfterPublish))
-		case o.crashAfterPublish > 0:
+		if o.crashAfterPublish > 0 {
 			args = append(args, "--crash-after-publish", strconv.Itoa(o.crashAfterPublish))
 		}
 		relays = append(relays, newP(fmt.Sprintf("relay-%d", i), args...))

@@ -148,7 +148,6 @@ func run(ctx context.Context, o options) error {
 		name := o.relayName
 		if o.relay == relayLog {
 			name = o.relayGroup // it names the slot the group's relays share
-			pub.crashEvery, pub.exitAfter = 0, o.crashAfterPublish
 		}
 		relay, err := forwarder.New(forwarder.Config{
 			Store: db, Name: name, Publisher: pub, Metrics: prom.NewForwarderMetrics(reg), Logger: logger,
@@ -171,6 +170,9 @@ func run(ctx context.Context, o options) error {
 			}
 			reg.MustRegister(prom.NewSlotCollector(lr))
 			runRelay, reading = lr.Run, lr.Reading()
+			if o.crashAfterPublish > 0 {
+				faults.InjectBeforeConfirm(lr, pub.beforeConfirm)
+			}
 		case o.crashAfterPublish > 0:
 			faults.Inject(relay, faults.AfterPublish, pub.afterPublish)
 		}

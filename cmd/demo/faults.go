@@ -15,12 +15,8 @@ type faultyPublisher struct {
 	message.Publisher
 	failEvery  int64 // --fail-publish-every: every Nth publish is refused (a message failure)
 	crashEvery int64 // --crash-after-publish: every Nth pass that publishes dies before marking
-	// exitAfter is --crash-after-publish with --relay log, which has no passes: the process exits
-	// right after the Nth message it published, before the relay confirms it.
-	exitAfter int64
-	published atomic.Int64
-	calls     atomic.Int64
-	passes    atomic.Int64
+	calls      atomic.Int64
+	passes     atomic.Int64
 }
 
 func (p *faultyPublisher) Publish(topic string, msgs ...*message.Message) error {
@@ -29,13 +25,6 @@ func (p *faultyPublisher) Publish(topic string, msgs ...*message.Message) error 
 	}
 	if err := p.Publisher.Publish(topic, msgs...); err != nil {
 		return err
-	}
-	if p.exitAfter > 0 {
-		if n := p.published.Add(int64(len(msgs))); n >= p.exitAfter {
-			fmt.Fprintf(os.Stderr, "demo: fault: log relay exits after publishing %d messages, before confirming them (--crash-after-publish %d)\n",
-				n, p.exitAfter)
-			os.Exit(3)
-		}
 	}
 	return nil
 }
@@ -60,6 +49,21 @@ func (p *faultyPublisher) afterPublish() error {
 	if n := p.passes.Add(1); n%p.crashEvery == 0 {
 		fmt.Fprintf(os.Stderr, "demo: fault: relay pass %d ended after publishing, before marking (--crash-after-publish %d)\n", n, p.crashEvery)
 		return errRelayCrash
+	}
+	return nil
+}
+
+// beforeConfirm runs in each flush of the log relay (--relay log, which has no passes) that has
+// something to do, after publishing, before the published rows are removed and their position
+// confirmed. On every Nth the process exits there, as a crash would: the group's standby takes the
+// slot over and publishes again from the confirmed position. (Every Nth flush rather than every
+// Nth message: after a takeover the backlog behind the confirmed position is published in a
+// burst, and a process that died after N messages would die before its first flush every time
+// once that backlog outgrew N, with no relay ever confirming anything.)
+func (p *faultyPublisher) beforeConfirm() error {
+	if n := p.passes.Add(1); n%p.crashEvery == 0 {
+		fmt.Fprintf(os.Stderr, "demo: fault: log relay exits at its flush %d, after publishing, before confirming (--crash-after-publish %d)\n", n, p.crashEvery)
+		os.Exit(3)
 	}
 	return nil
 }

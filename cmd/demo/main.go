@@ -129,7 +129,7 @@ func main() {
 	flag.Int64Var(&o.failPublishEvery, "fail-publish-every", 0, "refuse every Nth publish: the forwarder backs off and retries it")
 	flag.Int64Var(&o.crashAfterPublish, "crash-after-publish", 0, "make every Nth relay pass die after publishing, before marking: "+
 		"the rows are published again and every inbox absorbs the duplicates; with --relay log, which has no passes, the process exits "+
-		"after publishing its Nth message, before the relay confirms it: the group's standby takes the slot over and publishes it again")
+		"at every Nth flush, after publishing, before the relay confirms what it published: the group's standby takes the slot over and publishes it again")
 	flag.Int64Var(&o.poisonEvery, "poison-every", 0, "give every Nth order's event a payload no consumer can decode: each consumer dead-letters it")
 	flag.StringVar(&o.poisonCustomer, "poison-customer", "", "give the events of this customer's orders a payload no consumer can decode: each consumer dead-letters them")
 	flag.Int64Var(&o.consumerCrash, "consumer-crash-every", 0, "make Billing fail before commit on every Nth message: it is rolled back and redelivered")

@@ -686,6 +686,11 @@ func (d *dispatcher) flush(ctx context.Context) error {
 		return nil
 	}
 	r := d.s.r
+	if r.hooks.beforeConfirm != nil {
+		if err := r.hooks.beforeConfirm(); err != nil {
+			return fmt.Errorf("remove published outbox rows and record the checkpoint: %w", err)
+		}
+	}
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	checkpoint := fmt.Sprintf(`WITH removed AS (DELETE FROM %s WHERE uuid = ANY($1::uuid[]) AND dead_lettered_at IS NULL RETURNING 1),

@@ -41,6 +41,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/internal/faults"
 )
 
 // Mode is how writers put events where the relay reads them.
@@ -146,6 +147,13 @@ type hooks struct {
 	hideRows int
 	// checks counts the dispatcher's reads of the parked keys, for tests that wait on them.
 	checks atomic.Int64
+	// beforeConfirm runs in each flush that has something to do, before it removes or confirms
+	// anything (faults.InjectBeforeConfirm); an error fails the flush there.
+	beforeConfirm func() error
+}
+
+func init() {
+	faults.InjectBeforeConfirm = func(r any, fn func() error) { r.(*Relay).hooks.beforeConfirm = fn }
 }
 
 // New validates cfg and builds a Relay. It does not touch the database.

@@ -15,3 +15,9 @@ const (
 // Inject makes every pass of forwarder f (a *forwarder.Forwarder) call fn at point; an error from
 // fn aborts the pass there. The forwarder package sets it.
 var Inject func(f any, point Point, fn func() error)
+
+// InjectBeforeConfirm makes log relay r (a *pglog.Relay) call fn in every flush that has something
+// to do — after publishing, before the published rows are removed and their position confirmed —
+// and an error from fn fails the flush there, as a crash would (nothing is removed or confirmed).
+// The pglog package sets it.
+var InjectBeforeConfirm func(r any, fn func() error)
