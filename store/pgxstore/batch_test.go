@@ -126,11 +126,17 @@ func TestBatchConsumerTxIsAPgxTx(t *testing.T) {
 	ctx := context.Background()
 	orders := e.pg.Schema.Ident() + ".orders"
 	var ran []string // only Run's goroutine appends, and the test reads after every message settled
+	var leftOpen pgx.Tx // a savepoint of the batch's transaction, left open when the batch ends
 	h := func(msg *message.Message) ([]*message.Message, error) {
 		ran = append(ran, msg.UUID)
 		tx, _, err := outboxkit.TxFrom[pgx.Tx](msg.Context())
 		if err != nil {
 			return nil, err
+		}
+		if msg.UUID == "b-2" && leftOpen == nil {
+			if leftOpen, err = tx.Begin(ctx); err != nil {
+				return nil, err
+			}
 		}
 		if tx.Conn() == nil || tx.Conn().PgConn().TxStatus() != 'T' {
 			return nil, errors.New("the handler's transaction is not open on its connection")
@@ -188,6 +194,10 @@ func TestBatchConsumerTxIsAPgxTx(t *testing.T) {
 	// transaction would have sent them alone before b-3.
 	if strings.Join(ran, ",") != "b-1,b-2,b-3,b-1,b-2,b-3" {
 		t.Fatalf("the handler ran %v, want the batch of three and then each alone", ran)
+	}
+	// Its transaction ended, a savepoint refuses statements, as pgx's do.
+	if _, err := leftOpen.Exec(ctx, `SELECT 1`); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("a statement in a savepoint of a transaction that ended: %v, want ErrTxClosed", err)
 	}
 	rows, _ := e.pg.Pool.Query(ctx, `SELECT id FROM `+orders+` ORDER BY id`)
 	got, err := pgx.CollectRows(rows, pgx.RowTo[string])

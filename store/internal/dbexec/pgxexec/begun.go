@@ -57,7 +57,7 @@ func BeginWith(ctx context.Context, pool *pgxpool.Pool, query string, args []any
 		abandon(ctx, conn)
 		return nil, err
 	}
-	return Tx(&begunTx{pc: conn, conn: conn.Conn()}), nil
+	return Tx(&begunTx{statements: statements{conn: conn.Conn()}, pc: conn}), nil
 }
 
 // abandon rolls back whatever transaction the session is in and gives the connection back, or
@@ -73,11 +73,65 @@ func abandon(ctx context.Context, conn *pgxpool.Conn) {
 	conn.Release()
 }
 
+// statements forwards a transaction's statements to its session while the transaction, and the
+// one it is a savepoint of, are open; once one of them has ended it refuses them with pgx.ErrTxClosed,
+// as pgx's transactions do.
+type statements struct {
+	conn   *pgx.Conn
+	outer  *statements // the transaction this one is a savepoint of; nil for the outermost
+	closed bool
+}
+
+func (s *statements) ended() bool { return s.closed || (s.outer != nil && s.outer.ended()) }
+
+func (s *statements) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if s.ended() {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	return s.conn.Exec(ctx, sql, args...)
+}
+
+func (s *statements) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if s.ended() {
+		return errRows{pgx.ErrTxClosed}, pgx.ErrTxClosed
+	}
+	return s.conn.Query(ctx, sql, args...)
+}
+
+func (s *statements) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if s.ended() {
+		return errRows{pgx.ErrTxClosed}
+	}
+	return s.conn.QueryRow(ctx, sql, args...)
+}
+
+func (s *statements) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if s.ended() {
+		return 0, pgx.ErrTxClosed
+	}
+	return s.conn.CopyFrom(ctx, table, columns, src)
+}
+
+func (s *statements) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if s.ended() {
+		return errBatch{pgx.ErrTxClosed}
+	}
+	return s.conn.SendBatch(ctx, b)
+}
+
+func (s *statements) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if s.ended() {
+		return nil, pgx.ErrTxClosed
+	}
+	return s.conn.Prepare(ctx, name, sql)
+}
+
+func (s *statements) Conn() *pgx.Conn { return s.conn }
+
 // begunTx is a transaction begun by BeginWith, on a pooled connection it releases when it ends.
 type begunTx struct {
+	statements
 	pc         *pgxpool.Conn // nil once given back
-	conn       *pgx.Conn
-	closed     bool
 	savepoints int64
 	lo         pgx.Tx // the handle LargeObjects needs, made on first use
 }
@@ -99,7 +153,7 @@ func (t *begunTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if _, err := t.conn.Exec(ctx, "savepoint sp_"+strconv.FormatInt(t.savepoints, 10)); err != nil {
 		return nil, err
 	}
-	return &savepointTx{tx: t, n: t.savepoints}, nil
+	return &savepointTx{statements: statements{conn: t.conn, outer: &t.statements}, tx: t, n: t.savepoints}, nil
 }
 
 func (t *begunTx) Commit(ctx context.Context) error {
@@ -135,48 +189,6 @@ func (t *begunTx) Rollback(ctx context.Context) error {
 	return nil
 }
 
-func (t *begunTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.closed {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
-	}
-	return t.conn.Exec(ctx, sql, args...)
-}
-
-func (t *begunTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if t.closed {
-		return errRows{pgx.ErrTxClosed}, pgx.ErrTxClosed
-	}
-	return t.conn.Query(ctx, sql, args...)
-}
-
-func (t *begunTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if t.closed {
-		return errRows{pgx.ErrTxClosed}
-	}
-	return t.conn.QueryRow(ctx, sql, args...)
-}
-
-func (t *begunTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if t.closed {
-		return 0, pgx.ErrTxClosed
-	}
-	return t.conn.CopyFrom(ctx, table, columns, src)
-}
-
-func (t *begunTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if t.closed {
-		return errBatch{pgx.ErrTxClosed}
-	}
-	return t.conn.SendBatch(ctx, b)
-}
-
-func (t *begunTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if t.closed {
-		return nil, pgx.ErrTxClosed
-	}
-	return t.conn.Prepare(ctx, name, sql)
-}
-
 // LargeObjects: pgx makes a LargeObjects only of a transaction of its own. The one made here, on
 // first use, is a handle on the same session whose BEGIN is an empty statement (a comment): it
 // begins nothing, and its statements run in this transaction. It is never ended: this one is.
@@ -193,17 +205,16 @@ func (t *begunTx) LargeObjects() pgx.LargeObjects {
 	return t.lo.LargeObjects()
 }
 
-func (t *begunTx) Conn() *pgx.Conn { return t.conn }
-
 // savepointTx is a pseudo-nested transaction, as pgx's.
 type savepointTx struct {
-	tx     *begunTx
-	n      int64
-	closed bool
+	statements
+	tx *begunTx
+	n  int64
 }
 
 var _ pgx.Tx = (*savepointTx)(nil)
 
+// Begin makes a savepoint of the transaction, as pgx's nested transactions do.
 func (sp *savepointTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	if sp.closed {
 		return nil, pgx.ErrTxClosed
@@ -229,51 +240,7 @@ func (sp *savepointTx) Rollback(ctx context.Context) error {
 	return err
 }
 
-func (sp *savepointTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if sp.closed {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
-	}
-	return sp.tx.Exec(ctx, sql, args...)
-}
-
-func (sp *savepointTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if sp.closed {
-		return errRows{pgx.ErrTxClosed}, pgx.ErrTxClosed
-	}
-	return sp.tx.Query(ctx, sql, args...)
-}
-
-func (sp *savepointTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if sp.closed {
-		return errRows{pgx.ErrTxClosed}
-	}
-	return sp.tx.QueryRow(ctx, sql, args...)
-}
-
-func (sp *savepointTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if sp.closed {
-		return 0, pgx.ErrTxClosed
-	}
-	return sp.tx.CopyFrom(ctx, table, columns, src)
-}
-
-func (sp *savepointTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if sp.closed {
-		return errBatch{pgx.ErrTxClosed}
-	}
-	return sp.tx.SendBatch(ctx, b)
-}
-
-func (sp *savepointTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
-	if sp.closed {
-		return nil, pgx.ErrTxClosed
-	}
-	return sp.tx.Prepare(ctx, name, sql)
-}
-
 func (sp *savepointTx) LargeObjects() pgx.LargeObjects { return sp.tx.LargeObjects() }
-
-func (sp *savepointTx) Conn() *pgx.Conn { return sp.tx.Conn() }
 
 // errRows are the rows, and the row, of a statement refused before it was sent.
 type errRows struct{ err error }
