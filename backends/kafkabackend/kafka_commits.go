@@ -8,12 +8,25 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 )
 
-// kafkaCommitGap is the least time between two commits of a partition: an acknowledgement is
-// committed at once when the partition's last commit started longer ago, else that much after it,
-// with whatever else was acknowledged meanwhile. A process that dies loses to redelivery about what
-// it acknowledged in the last gap and the commit in flight, whatever its rate, and a busy partition
-// costs the broker at most 1/gap commits a second.
+// kafkaCommitGap is the least time between two commits of a partition in the first
+// kafkaCommitQuickFor of a claim, and whenever the claim waits for a commit (its read horizon, its
+// end): an acknowledgement is committed at once when the partition's last commit started longer
+// ago, else that much after it, with whatever else was acknowledged meanwhile. A process that dies
+// soon after it started — a crash loop — loses to redelivery about what it acknowledged in the
+// last gap and the commit in flight, whatever its rate, and so gets through its backlog between
+// crashes.
 const kafkaCommitGap = 10 * time.Millisecond
+
+// kafkaCommitQuickFor is how long a claim commits acknowledgements kafkaCommitGap apart; after it,
+// kafkaCommitBusyGap apart: a busy partition costs the broker, and the member's CPU, at most 1/gap
+// commits a second (with commits 10 ms apart throughout, batching consumers on four partitions
+// drained at 0.78–0.81× of their rate before commits followed the acknowledgements; with this gap
+// at 0.95–1.02×, docs/bench/2026-12-02-kafka-commit-gap.txt), and a process that dies after that
+// loses to redelivery what it acknowledged in the last kafkaCommitBusyGap.
+const (
+	kafkaCommitQuickFor = time.Second
+	kafkaCommitBusyGap  = 100 * time.Millisecond
+)
 
 // kafkaCommitAsk is what a claim wants committed: the first offset not acknowledged, and the read
 // horizon (see horizonPrefix).
@@ -36,6 +49,7 @@ type kafkaCommits struct {
 	doneErr  error
 	finished chan struct{} // closed, and replaced, when a commit finishes
 	kick     chan struct{}
+	hurried  bool // the claim ends: kafkaCommitGap apart from now on
 }
 
 func newKafkaCommits(c *kafkaConsumer, p int32, offset, horizon int64) *kafkaCommits {
@@ -78,6 +92,24 @@ func (k *kafkaCommits) wait(ctx context.Context, n uint64) error {
 	}
 }
 
+// hurry commits kafkaCommitGap apart from now on, as at the claim's start: the claim ends, and
+// waits for its last commit.
+func (k *kafkaCommits) hurry() {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.hurried = true
+}
+
+// gap is the least time between the last commit and the next one.
+func (k *kafkaCommits) gap(started time.Time) time.Duration {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.hurried || time.Since(started) < kafkaCommitQuickFor || k.asked.horizon > k.stored.horizon {
+		return kafkaCommitGap // a claim waits for a horizon it moves (when hand-outs catch up with it)
+	}
+	return kafkaCommitBusyGap
+}
+
 // horizonFloor is the lowest horizon the broker holds or may yet hold from what was asked: a record
 // at or past it must not be handed out, as a crash could leave that horizon stored.
 func (k *kafkaCommits) horizonFloor() int64 {
@@ -93,16 +125,23 @@ func (k *kafkaCommits) horizonFloor() int64 {
 // run commits what is asked until ctx ends.
 func (k *kafkaCommits) run(ctx context.Context) {
 	var last time.Time
+	started := time.Now()
 	for {
 		select {
 		case <-k.kick:
 		case <-ctx.Done():
 			return
 		}
-		if wait := kafkaCommitGap - time.Since(last); wait > 0 {
+		for {
+			wait := k.gap(started) - time.Since(last)
+			if wait <= 0 {
+				break
+			}
 			t := time.NewTimer(wait)
 			select {
 			case <-t.C:
+			case <-k.kick: // a later ask, maybe one the claim waits for: a shorter gap
+				t.Stop()
 			case <-ctx.Done():
 				t.Stop()
 				return

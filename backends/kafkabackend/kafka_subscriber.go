@@ -73,7 +73,8 @@ var kafkaBalancers = func() []kgo.GroupBalancer {
 //     offset order, so that a batching consumer (middleware.BatchConsumer) fills its batches; the
 //     offset committed is that of the first record not acknowledged, committed as
 //     acknowledgements come (kafkaCommits): a process that dies has its successor read again
-//     only what it held and what it acknowledged in the last kafkaCommitGap.
+//     only what it held and what it acknowledged in the last kafkaCommitGap (in its claim's
+//     first second) or kafkaCommitBusyGap.
 //   - gives a revoked partition up cleanly: its records handed out have a moment to be settled,
 //     and what was acknowledged is committed before the group may assign the partition to another
 //     member. A partition lost (the member was fenced out of the group) is abandoned at once: its
@@ -655,6 +656,7 @@ func (k *kafkaClaim) run() {
 		}
 		// The horizon comes back to what was handed out: the partition's next owner takes the
 		// records past it for first deliveries.
+		commits.hurry()
 		n := commits.ask(kafkaCommitAsk{offset: next, horizon: max(handed, next)})
 		wctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
