@@ -125,7 +125,7 @@ func TestBatchConsumerTxIsAPgxTx(t *testing.T) {
 	e := newTransactEnv(t, pgxstore.Config{})
 	ctx := context.Background()
 	orders := e.pg.Schema.Ident() + ".orders"
-	var ran []string // only Run's goroutine appends, and the test reads after every message settled
+	var ran []string    // only Run's goroutine appends, and the test reads after every message settled
 	var leftOpen pgx.Tx // a savepoint of the batch's transaction, left open when the batch ends
 	h := func(msg *message.Message) ([]*message.Message, error) {
 		ran = append(ran, msg.UUID)
