@@ -54,8 +54,10 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 	}
 	base := "http://127.0.0.1:" + strconv.Itoa(port)
 	common := func(role string) []string {
+		// The library's warnings and errors, and its info lines (a consumer group's assignments,
+		// a relay's circuit), in each process's log: what a stall in the soak is read from.
 		args := []string{"--db", e.dbURL(role), "--broker", e.brokerURL, "--schema", e.run,
-			"--status-every", "0", "--serve", "--orders", "0"}
+			"--status-every", "0", "--serve", "--orders", "0", "--log-level", "info"}
 		if o.relay == "log" { // every process: in WAL mode the order service's writers emit into the log
 			args = append(args, "--relay", "log", "--relay-mode", o.relayMode)
 		}

@@ -5,8 +5,10 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -109,8 +111,11 @@ func run(ctx context.Context, o options) error {
 	}
 
 	var logger watermill.LoggerAdapter = watermill.NopLogger{}
-	if o.verbose {
+	switch {
+	case o.verbose:
 		logger = watermill.NewStdLogger(true, false)
+	case o.logLevel != "":
+		logger = watermill.NewSlogLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: logLevels[o.logLevel]})))
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"slices"
@@ -54,6 +55,7 @@ type options struct {
 	readyMaxAge   time.Duration
 	drainDeadline time.Duration
 	verbose       bool
+	logLevel      string // the library's log lines from this level up, on stderr; "" for none
 
 	failPublishEvery  int64
 	crashAfterPublish int64
@@ -126,6 +128,7 @@ func main() {
 	flag.DurationVar(&o.readyMaxAge, "ready-max-pending-age", 30*time.Second, "/readyz fails when the oldest pending event is older")
 	flag.DurationVar(&o.drainDeadline, "drain-deadline", 60*time.Second, "how long to wait for every consumer once the samples are placed")
 	flag.BoolVar(&o.verbose, "verbose", false, "log the library's debug lines")
+	flag.StringVar(&o.logLevel, "log-level", "", "log the library's lines from this level up on stderr: error, warn, info or debug (default: none; --verbose: debug)")
 	flag.Int64Var(&o.failPublishEvery, "fail-publish-every", 0, "refuse every Nth publish: the forwarder backs off and retries it")
 	flag.Int64Var(&o.crashAfterPublish, "crash-after-publish", 0, "make every Nth relay pass die after publishing, before marking: "+
 		"the rows are published again and every inbox absorbs the duplicates; with --relay log, which has no passes, the process exits "+
@@ -216,6 +219,9 @@ func (o options) validate() error {
 	default:
 		errs = append(errs, fmt.Sprintf("--relay %q: use poll or log", o.relay))
 	}
+	if _, ok := logLevels[o.logLevel]; !ok && o.logLevel != "" {
+		errs = append(errs, fmt.Sprintf("--log-level %q: one of error, warn, info, debug", o.logLevel))
+	}
 	if o.unacked < 1 {
 		errs = append(errs, fmt.Sprintf("--unacked %d: a consumer handles at least 1 message at a time", o.unacked))
 	}
@@ -254,3 +260,6 @@ func (o options) runs(part string) bool { return o.role == roleAll || o.role == 
 func (o options) runsConsumer(name string) bool {
 	return o.runs(roleConsumers) && (len(o.only) == 0 || slices.Contains(o.only, name))
 }
+
+// logLevels are the levels --log-level names.
+var logLevels = map[string]slog.Level{"error": slog.LevelError, "warn": slog.LevelWarn, "info": slog.LevelInfo, "debug": slog.LevelDebug}
