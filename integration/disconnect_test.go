@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill"
+
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/testenv"
@@ -136,4 +138,50 @@ func kafkaBehindProxy(t *testing.T) (*testenv.Proxy, string) {
 		return err == nil
 	})
 	return proxy, "kafka://" + strings.TrimPrefix(proxy.Addr(), "tcp://")
+}
+
+// A Kafka group member that lost its session in a long outage rejoins within about a second of the
+// broker coming back, however long the broker was away: its client's retries do not grow past a
+// second (franz-go's own grow to 5 s, and a member came back up to 5 s after the broker did).
+func TestKafka_MemberRejoinsSoonAfterALongOutage(t *testing.T) {
+	t.Parallel()
+	proxy, url := kafkaBehindProxy(t)
+	topic := testenv.UniqueName(t, "rejoin") + ".placed"
+	createKafkaTopic(t, url, topic, 1)
+	logs := watermill.NewCaptureLogger()
+	b := openBackend(t, url, backends.Options{Logger: logs})
+	sub, err := b.NewSubscriber("app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	if _, err := sub.Subscribe(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	count := func(msg string) int {
+		n := 0
+		for _, m := range logs.Captured()[watermill.InfoLogLevel] {
+			if m.Msg == msg {
+				n++
+			}
+		}
+		return n
+	}
+	testenv.Eventually(t, 30*time.Second, "the member to be assigned its partition", func() bool { return count("Kafka partitions assigned") >= 1 })
+	proxy.Cut()
+	testenv.Eventually(t, 30*time.Second, "the member to lose its partition", func() bool { return count("Kafka partitions revoked") >= 1 })
+	// The outage is held 12 s: long enough for franz-go's own backoff to reach 4–5 s (250 ms
+	// doubling). It ends just after a refused attempt, so that the next one is a whole backoff away.
+	<-time.After(12 * time.Second)
+	n := proxy.Attempts()
+	testenv.Eventually(t, 10*time.Second, "the client to try the broker again", func() bool { return proxy.Attempts() > n })
+	proxy.Restore()
+	restored := time.Now()
+	testenv.Eventually(t, 30*time.Second, "the member to rejoin its group", func() bool { return count("Kafka partitions assigned") >= 2 })
+	took := time.Since(restored)
+	t.Logf("rejoined %s after the broker came back (12 s outage)", took.Round(10*time.Millisecond))
+	if took > 3*time.Second {
+		t.Fatalf("the member rejoined %s after the broker came back, want within about a second (at most 3 s here)", took.Round(10*time.Millisecond))
+	}
 }
