@@ -3,6 +3,7 @@ package forwarder_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -14,6 +15,7 @@ import (
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/sqlitestore"
 )
 
@@ -294,4 +296,68 @@ func TestCircuit_RunResumesSoonAfterTheBrokerReturns(t *testing.T) {
 		t.Fatalf("the backlog was published %s after the broker came back, want within a few watches", resumed)
 	}
 	t.Logf("published again %s after the broker came back", time.Since(back).Round(time.Millisecond))
+}
+
+// turns is a broker that is down, and answers its publishes one at a time, in the order the test
+// lets them go, once all of them are in.
+type turns struct {
+	in   chan int
+	turn []chan struct{}
+}
+
+func (b *turns) Publish(_ string, msgs ...*message.Message) error {
+	i := int(msgs[0].Payload[0])
+	b.in <- i
+	<-b.turn[i]
+	return outboxkit.Unreachable(errors.New("connection refused"))
+}
+
+func (b *turns) Close() error { return nil }
+
+// Rows in flight when the broker goes away, each published alone (PublishRow, as the log relay
+// does), open the circuit once: one step of its backoff, as one pass's failures take, not one per
+// row; the others come back released, their attempts untouched.
+func TestCircuit_RowsInFlightOpenItOnce(t *testing.T) {
+	const n = 6
+	broker := &turns{in: make(chan int, n)}
+	for range n {
+		broker.turn = append(broker.turn, make(chan struct{}))
+	}
+	clock := &fakeClock{now: time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)}
+	relay, err := forwarder.New(forwarder.Config{Store: openOutbox(t, 0), Publisher: broker, Now: clock.Now,
+		CircuitBackoff: forwarder.Backoff{Initial: time.Second, Max: time.Hour, Multiplier: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	row := func(i int) store.OutboxRow {
+		return store.OutboxRow{Seq: int64(i + 1), UUID: fmt.Sprintf("0193a1f0-0000-7000-8000-%012d", i), Topic: "orders",
+			PartitionKey: fmt.Sprintf("o-%d", i), Payload: []byte{byte(i)}, Metadata: []byte(`{}`)}
+	}
+	out := make([]chan forwarder.Delivery, n)
+	for i := range n {
+		out[i] = make(chan forwarder.Delivery, 1)
+		go func() { out[i] <- relay.PublishRow(ctx, row(i)) }()
+	}
+	for range n {
+		<-broker.in // all in flight
+	}
+	unreachable := 0
+	for i := range n {
+		close(broker.turn[i])
+		d := <-out[i]
+		if d.UnreachableErr != nil {
+			unreachable++
+		}
+		if len(d.Published) != 0 || len(d.Failed) != 0 || d.Released != 1 {
+			t.Errorf("row %d: published %v, failed %v, released %d; want it released", i, d.Published, d.Failed, d.Released)
+		}
+	}
+	if unreachable != 1 {
+		t.Errorf("%d rows reported the broker unreachable, want the first alone", unreachable)
+	}
+	d := relay.PublishRow(ctx, row(0))
+	if want := clock.Now().Add(time.Second); !d.CircuitOpen || !d.RetryAt.Equal(want) {
+		t.Errorf("after the outage: circuit open %v, probe at %s; want open, probe at %s (one step of the backoff)", d.CircuitOpen, d.RetryAt, want)
+	}
 }

@@ -32,6 +32,21 @@ type Delivery struct {
 // published nor failed were released untouched (behind a failure of their key, a paused topic,
 // the broker unreachable, or ctx ended). Safe for concurrent use.
 func (f *Forwarder) PublishRows(ctx context.Context, rows []store.OutboxRow) Delivery {
+	return f.publishSource(ctx, rows, false)
+}
+
+// PublishRow publishes one row as PublishRows does, for a source that keeps rows of many keys in
+// flight at once, each started as soon as it may go (the log relay's dispatcher). When the broker
+// goes away, its rows in flight all fail to reach it: the first to report opens the circuit, and
+// the others, started while it was closed, come back released (neither published nor failed, no
+// UnreachableErr) instead of each stepping the circuit's CircuitBackoff again — an outage opens
+// it by one step, as one pass's failures do (two rows reporting at the same instant may take two).
+func (f *Forwarder) PublishRow(ctx context.Context, row store.OutboxRow) Delivery {
+	return f.publishSource(ctx, []store.OutboxRow{row}, true)
+}
+
+// publishSource is PublishRows, and with lone PublishRow.
+func (f *Forwarder) publishSource(ctx context.Context, rows []store.OutboxRow, lone bool) Delivery {
 	inFlight := f.cfg.MaxInFlight
 	released := 0
 	now := f.cfg.Now()
@@ -51,6 +66,9 @@ func (f *Forwarder) PublishRows(ctx context.Context, rows []store.OutboxRow) Del
 	publishCtx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
 	out := f.publishGroups(publishCtx, groupByKey(rows), inFlight)
 	cancel()
+	if lone && out.unreachable != nil && state == CircuitClosed && f.circuit.isOpen() {
+		out.unreachable = nil // another row in flight opened the circuit for this outage
+	}
 	out.released += released
 	o, dead := f.outcome(out)
 	d := Delivery{Result: Result{Claimed: len(rows) + released}, Published: o.Published, Failed: o.Failed}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -20,6 +21,8 @@ type entry struct {
 	item
 	done   bool // published or dead-lettered; a transaction's end is always done
 	nextAt time.Time
+	// inFlight is a row being published: until its outcome comes back, its key's later rows wait.
+	inFlight bool
 	// extra counts the items compact dropped in favour of this one: it stands for 1 + extra.
 	extra int64
 	// readBack is a row check read back from the table: its removal waits for its check's
@@ -31,13 +34,44 @@ type entry struct {
 	barrier  []*entry
 }
 
-// dispatcher publishes the items in rounds through the forwarder and moves the confirmed position
-// over the transactions whose events are all done.
+// dispatcher publishes the items through the forwarder and moves the confirmed position over the
+// transactions whose events are all done.
+//
+// There are no rounds: a row starts as soon as it may go — decoded, due, its topic and the relay
+// not paused, and no earlier row of its key in flight or waiting — in a goroutine of its own
+// (forwarder.PublishRow), up to MaxInFlight rows at once. Since a key has at most one row in
+// flight, that also bounds the keys in flight; a row without a key is a lane of its own. Each
+// outcome comes back over done, and the dispatcher's goroutine alone records it, so all the
+// state below is its own; a key's next row starts at the first turn of the loop after its
+// previous one is confirmed. The checkpoint runs beside the publishing (see startFlush).
 type dispatcher struct {
 	s      *session
 	fifo   []*entry
 	head   int
 	popped int64 // items that left the window
+
+	// Publishing.
+	pubCtx   context.Context // the relay's context, also ended when run returns
+	done     chan completion // outcomes of the rows in flight; room for MaxInFlight: a send never waits
+	inFlight int
+	busy     map[string]bool // keys with a row in flight
+	busySeqs map[int64]bool  // rows in flight, by seq: a row read twice (backfill and log) goes once at a time
+	// probing: a row came back from an unreachable broker, or from an open circuit. Until a row
+	// gets through, one row at a time is in flight, which is the circuit's probe once it half-opens.
+	probing bool
+	// scan is where eligible starts: the entries from head to it are done, in flight or barriers.
+	// It moves back to head when an entry in flight comes back not done, and with the window's
+	// compaction; so a look for the rows that may go, at each turn of the loop, skips what went.
+	scan int
+	// eligible's scratch maps, cleared at each look.
+	held, paused map[string]bool
+	seqs         map[int64]bool
+	// countedAt is when eligible last counted the events the pauses hold (a walk of the window),
+	// which it does at most every heldCountEvery.
+	countedAt time.Time
+
+	// The checkpoint running beside the publishing, if any: its outcome comes back here.
+	flushing chan checkpointDone
 
 	confirmable pglogrepl.LSN // the end of the last transaction left entirely behind
 	flushedLSN  pglogrepl.LSN
@@ -65,7 +99,9 @@ type dispatcher struct {
 }
 
 func newDispatcher(s *session) *dispatcher {
-	return &dispatcher{s: s, lastFlush: time.Now(), parked: map[string]int64{}, checkKeys: map[string]bool{}, drained: map[string]int64{}}
+	return &dispatcher{s: s, lastFlush: time.Now(), parked: map[string]int64{}, checkKeys: map[string]bool{}, drained: map[string]int64{},
+		done: make(chan completion, max(s.r.fcfg.MaxInFlight, 1)), busy: map[string]bool{}, busySeqs: map[int64]bool{},
+		held: map[string]bool{}, paused: map[string]bool{}, seqs: map[int64]bool{}}
 }
 
 func (d *dispatcher) window() int { return len(d.fifo) - d.head }
@@ -174,6 +210,11 @@ func (d *dispatcher) parkKey(key string, seq int64) {
 func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error {
 	r := d.s.r
 	defer r.hooks.checks.Add(1)
+	// The table as the checkpoint running beside the loop leaves it: its dead letters and parked
+	// events written.
+	if err := d.awaitFlush(); err != nil {
+		return err
+	}
 	if len(d.pendingPark) > 0 || len(d.pendingDead) > 0 {
 		// The events parked since the last flush, and the dead letters, into the table first.
 		if err := d.flush(ctx); err != nil {
@@ -276,12 +317,19 @@ func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error
 }
 
 // run publishes until in is closed. stop is the relay's context: once it ends, nothing new is
-// published, and what was published is flushed (unless the crash hook says otherwise).
+// published, and what was published is flushed (unless the crash hook says otherwise). It returns
+// once every publish and checkpoint it started has returned.
 func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 	r := d.s.r
+	pubCtx, cancelPub := context.WithCancel(stop)
+	d.pubCtx = pubCtx
 	defer func() {
+		cancelPub()
 		if err != nil {
 			close(d.s.failed)
+		}
+		d.settle()
+		if err != nil {
 			for range d.s.in { // let the reader finish
 			}
 		}
@@ -290,7 +338,7 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 	defer flushTick.Stop()
 	open := true
 	for open {
-		// Take what is waiting, up to the window.
+		// Take what is waiting, up to the window, and the outcomes that came back.
 	fill:
 		for d.window() < r.cfg.Window {
 			select {
@@ -309,30 +357,29 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 		if !open {
 			break
 		}
+	collect:
+		for d.inFlight > 0 {
+			select {
+			case c := <-d.done:
+				d.complete(c)
+			default:
+				break collect
+			}
+		}
 		if err := d.deadLetterBad(ctx); err != nil {
 			return err
 		}
 		now := r.fcfg.Now()
 		// Taken before the pauses are read: a resume after this closes it.
 		pausesChanged := r.fwd.PausesChanged()
-		var batch []*entry
 		wakeAt := time.Time{}
 		if stop.Err() == nil {
-			batch, wakeAt = d.eligible(now)
-		}
-		if len(batch) > 0 {
-			if err := d.publish(ctx, stop, batch); err != nil {
-				return err
-			}
-			d.advance()
-			if len(d.pendingDel) >= r.cfg.FlushRows || time.Since(d.lastFlush) >= r.cfg.FlushInterval {
-				if err := d.flush(ctx); err != nil {
-					return err
-				}
-			}
-			continue
+			wakeAt = d.launch(now)
 		}
 		d.advance()
+		if len(d.pendingDel) >= r.cfg.FlushRows || time.Since(d.lastFlush) >= r.cfg.FlushInterval {
+			d.startFlush(ctx)
+		}
 		var (
 			wake  <-chan time.Time
 			timer *time.Timer
@@ -354,6 +401,13 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 			if err := d.add(ctx, it); err != nil {
 				return err
 			}
+		case c := <-d.done:
+			d.complete(c)
+		case res := <-d.flushing:
+			d.flushing = nil
+			if err := d.flushed(res); err != nil {
+				return err
+			}
 		case <-wake:
 		case <-pausesChanged:
 		case <-flushTick.C:
@@ -367,9 +421,7 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 					return err
 				}
 			}
-			if err := d.flush(ctx); err != nil {
-				return err
-			}
+			d.startFlush(ctx)
 			// Alive, and its database answers: the last pass stays current while idle or paused.
 			r.fwd.IdlePass()
 		case <-stop.Done():
@@ -385,6 +437,11 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 			timer.Stop()
 		}
 	}
+	// The rows in flight (once stop has ended, each returns at once, or when its publisher does):
+	// what they published is flushed below.
+	for d.inFlight > 0 {
+		d.complete(<-d.done)
+	}
 	if err := d.deadLetterBad(ctx); err != nil {
 		return err
 	}
@@ -395,19 +452,60 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 	return d.flush(ctx)
 }
 
-// eligible picks the next round: in commit order, each key's rows from its oldest not done one,
-// while due; a key whose oldest row backs off, or is of a paused topic, holds its later rows (of
-// every topic, as the polling relay's claim does). A paused relay publishes nothing.
-func (d *dispatcher) eligible(now time.Time) (batch []*entry, wakeAt time.Time) {
+// settle waits for the publishes and the checkpoint in flight when run returns; their outcomes
+// are dropped (the next session reads again from the confirmed position).
+func (d *dispatcher) settle() {
+	for ; d.inFlight > 0; d.inFlight-- {
+		<-d.done
+	}
+	if d.flushing != nil {
+		<-d.flushing
+		d.flushing = nil
+	}
+}
+
+// launch starts the rows that may go now (see eligible), up to MaxInFlight rows in flight — one
+// while probing an unreachable broker — and says when to look again for a row that backs off or
+// for the circuit's probe time.
+func (d *dispatcher) launch(now time.Time) time.Time {
+	limit := d.s.r.fcfg.MaxInFlight
+	if d.probing {
+		limit = 1
+	}
+	free := max(limit-d.inFlight, 0)
+	if free == 0 && (!d.s.r.fwd.Pausing() || time.Since(d.countedAt) < heldCountEvery) {
+		return time.Time{} // an outcome coming back wakes the loop
+	}
+	batch, wakeAt := d.eligible(now, free)
+	for _, e := range batch {
+		d.start(e)
+	}
+	return wakeAt
+}
+
+// eligible picks, in commit order, up to limit rows: each key's oldest row not done, while due,
+// with no row of its key in flight; a key whose oldest row is in flight or backs off, or is of a
+// paused topic, holds its later rows (of every topic, as the polling relay's claim does). A
+// paused relay publishes nothing.
+func (d *dispatcher) eligible(now time.Time, limit int) (batch []*entry, wakeAt time.Time) {
 	r := d.s.r
 	pausing := r.fwd.Pausing()
 	if !pausing {
 		r.held.Store(0)
 	}
+	// Counting what the pauses hold walks the window past the rows picked; the loop looks at each
+	// outcome, so the count (SlotStatus's HeldEvents) is taken at most every heldCountEvery.
+	count := pausing && time.Since(d.countedAt) >= heldCountEvery
+	if count {
+		d.countedAt = time.Now()
+	}
 	if r.fwd.RelayPaused() {
+		if !count {
+			return nil, time.Time{}
+		}
 		n := 0
 		for _, e := range d.fifo[d.head:] {
-			if !e.done && e.barrier == nil {
+			if !e.done && e.barrier == nil && !e.inFlight {
 				n++
 			}
 		}
@@ -417,14 +515,23 @@ func (d *dispatcher) eligible(now time.Time) (batch []*entry, wakeAt time.Time) 
 	if now.Before(d.pauseUntil) {
 		return nil, d.pauseUntil
 	}
-	held := map[string]bool{}   // keys behind an event that backs off
-	paused := map[string]bool{} // keys behind an event of a paused topic
-	seqs := map[int64]bool{}    // a row read twice (backfill and log) goes in one round at a time
+	held := d.held     // keys behind an event that backs off, or picked now
+	paused := d.paused // keys behind an event of a paused topic
+	seqs := d.seqs     // rows picked now (a row read twice goes once at a time)
+	clear(held)
+	clear(paused)
+	clear(seqs)
 	parked, nPaused := 0, 0
-	limit := r.fcfg.BatchSize
-	for _, e := range d.fifo[d.head:] {
-		if e.done || e.barrier != nil {
-			continue
+	d.scan = max(d.scan, d.head)
+	for d.scan < len(d.fifo) {
+		if e := d.fifo[d.scan]; !e.done && e.barrier == nil && !e.inFlight {
+			break
+		}
+		d.scan++
+	}
+	for _, e := range d.fifo[d.scan:] {
+		if e.done || e.barrier != nil || e.inFlight {
+			continue // an event in flight has its key in d.busy
 		}
 		k := e.row.PartitionKey
 		if pausing && (k != "" && paused[k] || r.fwd.Paused(e.row.Topic)) {
@@ -435,12 +542,12 @@ func (d *dispatcher) eligible(now time.Time) (batch []*entry, wakeAt time.Time) 
 			continue
 		}
 		if len(batch) >= limit {
-			if !pausing {
+			if !count {
 				break
 			}
 			continue // counting what the pauses hold
 		}
-		if (k != "" && held[k]) || seqs[e.row.Seq] {
+		if (k != "" && (held[k] || d.busy[k])) || seqs[e.row.Seq] || d.busySeqs[e.row.Seq] {
 			continue
 		}
 		if e.nextAt.After(now) {
@@ -454,37 +561,70 @@ func (d *dispatcher) eligible(now time.Time) (batch []*entry, wakeAt time.Time) 
 			continue
 		}
 		batch = append(batch, e)
+		if k != "" {
+			held[k] = true // one row of a key at a time
+		}
 		seqs[e.row.Seq] = true
 	}
 	r.parked.Store(int64(parked))
-	if pausing {
+	if count {
 		r.held.Store(int64(nPaused))
 	}
 	return batch, wakeAt
 }
 
-// publish sends one round through the forwarder's publish path and records its outcome.
-func (d *dispatcher) publish(ctx, stop context.Context, batch []*entry) error {
-	rows := make([]store.OutboxRow, len(batch))
-	bySeq := make(map[int64]*entry, len(batch))
-	for i, e := range batch {
-		rows[i] = e.row
-		bySeq[e.row.Seq] = e
+// heldCountEvery is the most often eligible counts the events the pauses hold.
+const heldCountEvery = 100 * time.Millisecond
+
+// completion is a row's outcome, handed back to the dispatcher's loop.
+type completion struct {
+	e   *entry
+	del forwarder.Delivery
+}
+
+// start publishes e in a goroutine of its own; its outcome comes back over done.
+func (d *dispatcher) start(e *entry) {
+	e.inFlight = true
+	d.inFlight++
+	if k := e.row.PartitionKey; k != "" {
+		d.busy[k] = true
 	}
-	del := d.s.r.fwd.PublishRows(stop, rows)
-	for _, seq := range del.Published {
-		e := bySeq[seq]
+	d.busySeqs[e.row.Seq] = true
+	row, fwd, ctx, done := e.row, d.s.r.fwd, d.pubCtx, d.done
+	go func() { done <- completion{e: e, del: fwd.PublishRow(ctx, row)} }()
+}
+
+// complete records a row's outcome: published, failed (it backs off, its key's later rows behind
+// it, or is dead-lettered), or released untouched (a paused topic, the broker unreachable or its
+// circuit open, or stop ended): it goes again when it may.
+func (d *dispatcher) complete(c completion) {
+	e, del := c.e, c.del
+	d.inFlight--
+	e.inFlight = false
+	if k := e.row.PartitionKey; k != "" {
+		delete(d.busy, k)
+	}
+	delete(d.busySeqs, e.row.Seq)
+	if len(del.Published) > 0 || len(del.Failed) > 0 {
+		d.probing = false // the broker answered: the circuit is closed
+	}
+	if del.UnreachableErr != nil || del.CircuitOpen {
+		d.probing = true
+	}
+	if del.CircuitOpen {
+		d.pauseUntil = del.RetryAt
+	}
+	if len(del.Published) > 0 {
 		e.done = true
 		d.doneBehind++
 		e.row.Payload, e.row.Metadata = nil, nil
+		return
 	}
+	d.scan = d.head // e is behind it, and not done unless dead-lettered
 	for _, f := range del.Failed {
-		e := bySeq[f.Seq]
 		e.row.Attempts++
 		if f.DeadLettered {
-			if err := d.deadLetter(ctx, e, f.Error); err != nil {
-				return err
-			}
+			d.deadLetter(e, f.Error)
 			e.done = true
 			d.doneBehind++
 			e.delKey = "" // kept in the outbox as a dead letter
@@ -496,10 +636,6 @@ func (d *dispatcher) publish(ctx, stop context.Context, batch []*entry) error {
 		}
 		e.nextAt = f.NextAttemptAt
 	}
-	if del.CircuitOpen {
-		d.pauseUntil = del.RetryAt
-	}
-	return nil
 }
 
 // deadLetterBad dead-letters the messages that do not decode: they are kept for an operator, and
@@ -509,9 +645,7 @@ func (d *dispatcher) deadLetterBad(ctx context.Context) error {
 		e := d.bad[0]
 		e.row.UUID = uuid.NewString()
 		e.row.Topic = "outboxkit.undecodable"
-		if err := d.deadLetter(ctx, e, fmt.Sprintf("a logical decoding message with the outbox's prefix at %s does not decode: %v", e.lsn, e.bad)); err != nil {
-			return err
-		}
+		d.deadLetter(e, fmt.Sprintf("a logical decoding message with the outbox's prefix at %s does not decode: %v", e.lsn, e.bad))
 		d.s.r.log.Error("Undecodable outbox message dead-lettered", e.bad, d.s.r.fields.Add(watermill.LogFields{"lsn": e.lsn.String()}))
 		e.row.Payload = nil
 		d.bad = d.bad[1:]
@@ -531,9 +665,8 @@ type deadRow struct {
 // deadLetter parks an event the broker keeps refusing, in the outbox, for an operator: it is
 // written in the transaction of the next checkpoint, which is the first to move past it — so the
 // slot never moves past a dead letter that was not written.
-func (d *dispatcher) deadLetter(_ context.Context, e *entry, errText string) error {
+func (d *dispatcher) deadLetter(e *entry, errText string) {
 	d.pendingDead = append(d.pendingDead, deadRow{row: e.row, delKey: e.delKey, xid: e.xid, errText: errText, at: d.s.r.fcfg.Now()})
-	return nil
 }
 
 // writeDeadLetter writes dl in tx: an outbox row is marked, an event of the log is written as a
@@ -620,11 +753,16 @@ func (d *dispatcher) advance() {
 		d.head++
 		d.popped += 1 + e.extra
 	}
-	if d.window() >= d.s.r.cfg.Window && d.doneBehind > 0 {
+	// Compaction walks the whole window. The loop turns at each outcome, so a full window is
+	// compacted once a sixteenth of it is done — which keeps the walk to a few entries an outcome
+	// while a backlog keeps the window full — or at once when nothing is in flight, when no outcome
+	// will come to make room.
+	if w := d.s.r.cfg.Window; d.window() >= w && d.doneBehind > 0 && (d.inFlight == 0 || d.doneBehind >= w/16) {
 		d.compact()
 	}
 	if d.head > 1024 && d.head > len(d.fifo)/2 {
 		d.fifo = append(d.fifo[:0], d.fifo[d.head:]...)
+		d.scan = max(d.scan-d.head, 0)
 		d.head = 0
 	}
 }
@@ -674,21 +812,127 @@ func (d *dispatcher) compact() {
 	clear(d.fifo[len(kept):])
 	d.fifo = kept
 	d.doneBehind = 0
+	d.scan = d.head
 }
 
 // flush removes the published rows and records the confirmable position in one statement, then
 // lets the reader confirm it to the server: what the server is told is published is gone from
-// the table, so the rows left there are what a lost slot's backfill must read.
+// the table, so the rows left there are what a lost slot's backfill must read. It waits for the
+// checkpoint running beside the loop first, and runs in the loop: check and the last flush need
+// the table written before they go on.
 func (d *dispatcher) flush(ctx context.Context) error {
+	if err := d.awaitFlush(); err != nil {
+		return err
+	}
+	j := d.takeFlush()
+	if j == nil {
+		return nil
+	}
+	return d.flushed(d.runFlush(ctx, j))
+}
+
+// startFlush starts a checkpoint beside the loop, unless one runs already: the loop goes on
+// publishing meanwhile, and records its outcome when it comes back (flushed). What it removes and
+// the position it records are taken now: rows published meanwhile go with the next one. The
+// position it confirms is below every row it removes or that was removed before (advance queues
+// a row's removal before the position passes it), so the server is still never told of a
+// position whose rows are left in the table.
+func (d *dispatcher) startFlush(ctx context.Context) {
+	if d.flushing != nil {
+		return
+	}
+	j := d.takeFlush()
+	if j == nil {
+		return
+	}
+	ch := make(chan checkpointDone, 1)
+	d.flushing = ch
+	go func() { ch <- d.runFlush(ctx, j) }()
+}
+
+// awaitFlush waits for the checkpoint running beside the loop, if any, and records it.
+func (d *dispatcher) awaitFlush() error {
+	if d.flushing == nil {
+		return nil
+	}
+	res := <-d.flushing
+	d.flushing = nil
+	return d.flushed(res)
+}
+
+// flushJob is one checkpoint's work, taken from the dispatcher's state when it starts.
+type flushJob struct {
+	del         []string // published rows' uuids
+	xids        []uint32 // their writers' transaction ids (0s left out)
+	hide        bool     // the hideRows hook: remove none
+	dead        []deadRow
+	park        []store.OutboxRow
+	parkFrom    map[string]int64 // keys parked from a dead letter of the log among dead: its seq in the log
+	confirmable pglogrepl.LSN
+	popped      int64
+}
+
+// checkpointDone is a checkpoint's outcome: parkedAt, in WAL mode, the seq of the rows written for
+// the dead letters that park their keys.
+type checkpointDone struct {
+	job      *flushJob
+	parkedAt map[string]int64
+	err      error
+}
+
+// takeFlush takes the pending work of a checkpoint, or, with nothing to remove, write or record,
+// returns nil after counting the items done as flushed.
+func (d *dispatcher) takeFlush() *flushJob {
 	d.lastFlush = time.Now()
 	if len(d.pendingDel) == 0 && len(d.pendingDead) == 0 && len(d.pendingPark) == 0 && d.confirmable == d.flushedLSN {
 		d.s.flushed.Store(d.popped)
 		return nil
 	}
 	r := d.s.r
+	j := &flushJob{del: d.pendingDel, xids: d.pendingXids, dead: d.pendingDead, park: d.pendingPark,
+		confirmable: d.confirmable, popped: d.popped}
+	if r.hooks.hideRows > 0 && len(j.del) > 0 {
+		r.hooks.hideRows--
+		j.hide = true // as a snapshot that does not see them yet
+	}
+	for _, dl := range d.pendingDead {
+		k := dl.row.PartitionKey
+		if from, ok := d.parked[k]; ok && k != "" && dl.delKey == "" && from == dl.row.Seq {
+			if j.parkFrom == nil {
+				j.parkFrom = map[string]int64{}
+			}
+			j.parkFrom[k] = from
+		}
+	}
+	d.pendingDel, d.pendingXids, d.pendingDead, d.pendingPark = nil, nil, nil, nil
+	return j
+}
+
+// flushed records a checkpoint that came back: the position it recorded is confirmed to the server.
+func (d *dispatcher) flushed(res checkpointDone) error {
+	if res.err != nil {
+		return res.err
+	}
+	j := res.job
+	for k, seq := range res.parkedAt {
+		if from, ok := d.parked[k]; ok && from == j.parkFrom[k] {
+			d.parked[k] = seq // the key waits from the dead letter's row now, not from its place in the log
+		}
+	}
+	d.flushedLSN = j.confirmable
+	d.s.ack.Store(uint64(j.confirmable))
+	d.s.flushed.Store(j.popped)
+	r := d.s.r
+	r.log.Trace("Log relay flushed", r.fields.Add(watermill.LogFields{"confirmed": j.confirmable.String()}))
+	return nil
+}
+
+// runFlush runs j: it reads nothing of the dispatcher's state, so it may run beside the loop.
+func (d *dispatcher) runFlush(ctx context.Context, j *flushJob) checkpointDone {
+	r := d.s.r
 	if r.hooks.beforeConfirm != nil {
 		if err := r.hooks.beforeConfirm(); err != nil {
-			return fmt.Errorf("remove published outbox rows and record the checkpoint: %w", err)
+			return checkpointDone{job: j, err: fmt.Errorf("remove published outbox rows and record the checkpoint: %w", err)}
 		}
 	}
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -698,39 +942,38 @@ func (d *dispatcher) flush(ctx context.Context) error {
 		ON CONFLICT (name) DO UPDATE SET confirmed_lsn = GREATEST(c.confirmed_lsn, excluded.confirmed_lsn), mode = excluded.mode, updated_at = now())
 		SELECT count(*) FROM removed`,
 		r.table("outbox"), r.table("log_relays"))
-	del := d.pendingDel
-	if r.hooks.hideRows > 0 && len(del) > 0 {
-		r.hooks.hideRows--
-		del = nil // as a snapshot that does not see them yet
+	del := j.del
+	if j.hide {
+		del = nil
 	}
-	args := []any{del, r.fcfg.Name, r.cfg.SlotName, string(r.cfg.Mode), d.confirmable.String()}
+	args := []any{del, r.fcfg.Name, r.cfg.SlotName, string(r.cfg.Mode), j.confirmable.String()}
 	var removed int
 	var err error
 	var parkedAt map[string]int64 // WAL mode: the rows written for dead letters that park their keys
-	if len(d.pendingDead) == 0 && len(d.pendingPark) == 0 {
+	if len(j.dead) == 0 && len(j.park) == 0 {
 		err = r.cfg.Pool.QueryRow(fctx, checkpoint, args...).Scan(&removed)
 	} else {
 		// A dead letter is an UPDATE of its row, which must see it (see below).
 		var xids []uint32
-		for _, dl := range d.pendingDead {
+		for _, dl := range j.dead {
 			if dl.delKey != "" && dl.xid != 0 {
 				xids = append(xids, dl.xid)
 			}
 		}
 		if err := d.waitVisible(fctx, xids); err != nil {
-			return err
+			return checkpointDone{err: err}
 		}
 		// The dead letters, the parked events of the log after them (so in seq order behind
 		// them), and the checkpoint that moves past them, in one transaction.
 		parkedAt = map[string]int64{}
 		err = pgx.BeginFunc(fctx, r.cfg.Pool, func(tx pgx.Tx) error {
 			clear(parkedAt)
-			for _, dl := range d.pendingDead {
+			for _, dl := range j.dead {
 				if err := d.writeDeadLetter(fctx, tx, dl); err != nil {
 					return err
 				}
 				k := dl.row.PartitionKey
-				if from, ok := d.parked[k]; ok && k != "" && dl.delKey == "" && from == dl.row.Seq {
+				if from, ok := j.parkFrom[k]; ok && dl.delKey == "" && from == dl.row.Seq {
 					// The key waits from the dead letter's row now, not from its place in the log.
 					var seq int64
 					key, _ := storedID(dl.row.UUID)
@@ -740,7 +983,7 @@ func (d *dispatcher) flush(ctx context.Context) error {
 					parkedAt[k] = seq
 				}
 			}
-			for _, row := range d.pendingPark {
+			for _, row := range j.park {
 				if err := d.writeParked(fctx, tx, row); err != nil {
 					return err
 				}
@@ -749,38 +992,25 @@ func (d *dispatcher) flush(ctx context.Context) error {
 		})
 	}
 	if err != nil {
-		return fmt.Errorf("remove published outbox rows and record the checkpoint: %w", err)
+		return checkpointDone{err: fmt.Errorf("remove published outbox rows and record the checkpoint: %w", err)}
 	}
-	if removed < len(d.pendingDel) {
+	if removed < len(j.del) {
 		// Fewer rows removed than published. The server sends a transaction once its commit record
 		// is flushed, a moment before the commit is visible to other sessions: a DELETE in that
 		// moment misses the row, which would stay in the table forever once the position passes
 		// it. (A row read twice, or removed by an earlier session that died before confirming,
 		// also counts short; removing again is harmless.) Wait until every writer's commit is
 		// visible, then remove again; only then is the server told.
-		if err := d.waitVisible(fctx, d.pendingXids); err != nil {
-			return err
+		if err := d.waitVisible(fctx, j.xids); err != nil {
+			return checkpointDone{err: err}
 		}
 		_, err := r.cfg.Pool.Exec(fctx, fmt.Sprintf(`DELETE FROM %s WHERE uuid = ANY($1::uuid[]) AND dead_lettered_at IS NULL`,
-			r.table("outbox")), d.pendingDel)
+			r.table("outbox")), j.del)
 		if err != nil {
-			return fmt.Errorf("remove published outbox rows: %w", err)
+			return checkpointDone{err: fmt.Errorf("remove published outbox rows: %w", err)}
 		}
 	}
-	if len(d.pendingDel) > 4096 {
-		d.pendingDel, d.pendingXids = nil, nil
-	} else {
-		d.pendingDel, d.pendingXids = d.pendingDel[:0], d.pendingXids[:0]
-	}
-	d.pendingDead, d.pendingPark = nil, nil
-	for k, seq := range parkedAt {
-		d.parked[k] = seq
-	}
-	d.flushedLSN = d.confirmable
-	d.s.ack.Store(uint64(d.confirmable))
-	d.s.flushed.Store(d.popped)
-	r.log.Trace("Log relay flushed", r.fields.Add(watermill.LogFields{"confirmed": d.confirmable.String()}))
-	return nil
+	return checkpointDone{job: j, parkedAt: parkedAt}
 }
 
 // queueDelete queues a published row's removal at the next flush.

@@ -1,9 +1,10 @@
 // Package pglog is the log relay: a source for the forwarder that reads the outbox's events from
 // Postgres's write-ahead log through a logical replication slot (the pgoutput plugin) instead of
 // claiming rows. Events arrive in commit order, with no claim query, no UPDATE per event and no
-// polling; they go through the forwarder's publish path (forwarder.PublishRows: lanes by partition
-// key, the broker circuit, backoff, dead-lettering, metrics, tracing), so a broker sees the same
-// messages as from the polling relay.
+// polling; they go through the forwarder's publish path (forwarder.PublishRow: the broker circuit,
+// backoff, dead-lettering, metrics, tracing), so a broker sees the same messages as from the
+// polling relay. Each event is published as soon as it is decoded, unless an earlier event of its
+// partition key is still in flight or waiting: a key's events go one at a time, in commit order.
 //
 // The relay creates, once per relay group (the forwarder's Name), a publication of the outbox's
 // INSERTs and a replication slot, and keeps them across restarts: a relay never starts from the
@@ -76,9 +77,12 @@ const (
 // Config configures a Relay. Zero-valued fields take the documented defaults.
 type Config struct {
 	// Forwarder publishes the events: its Publisher, Name (the relay group: it names the slot and
-	// the publication), BatchSize (the most events of one publishing round), MaxInFlight,
-	// MaxAttempts, Backoff, ParkKeyOnDeadLetter, CircuitBackoff, PublishTimeout, TopicMapping,
-	// Metrics, TracerProvider and Logger apply. Its Store's schema is the outbox's schema. Required.
+	// the publication), MaxInFlight, MaxAttempts, Backoff, ParkKeyOnDeadLetter, CircuitBackoff,
+	// PublishTimeout (for each event), TopicMapping, Metrics, TracerProvider and Logger apply; its
+	// BatchSize does not (there are no rounds). Here MaxInFlight bounds the events in flight at any
+	// moment — each waiting for the broker's confirmation — and since a key has one at a time, the
+	// keys in flight too: each event without a key counts as a key of its own. Its Store's schema
+	// is the outbox's schema. Required.
 	Forwarder *forwarder.Forwarder
 
 	// Pool connects to the database holding the outbox: its connection settings also open the
@@ -130,7 +134,7 @@ type Relay struct {
 	running  atomic.Bool
 	active   atomic.Bool  // reading the slot now
 	slotLost atomic.Bool  // in WAL mode, the slot was found lost and Run stopped
-	parked   atomic.Int64 // keys whose oldest event backs off, as of the last round
+	parked   atomic.Int64 // keys whose oldest event backs off, as of the dispatcher's last look
 	held     atomic.Int64 // events a pause holds (of a paused topic or behind one of their key; all, the relay paused)
 	hooks    hooks
 
