@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxkit/outboxkit/backends"
@@ -78,9 +80,15 @@ func TestKafka_ConsumerKilledRepeatedlyTheGroupSettles(t *testing.T) {
 	b := openBackend(t, url, kafkaOpts)
 	storetest.RunForwarder(t, newRelay(t, pgDB(pg), b.Publisher))
 
+	logDir := t.TempDir()
+	started := 0
 	start := func() *exec.Cmd {
+		// Each consumer logs its group membership's every step to a file of its own, shown if the
+		// test fails: a group that does not settle can be read.
+		started++
+		logFile := filepath.Join(logDir, fmt.Sprintf("consumer-%d.log", started))
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperKafkaConsumer$", "-test.v")
-		cmd.Env = append(os.Environ(), "OUTBOXKIT_HELPER_KAFKA="+strings.Join([]string{pg.URL, string(pg.Schema), url, topic, group}, "|"))
+		cmd.Env = append(os.Environ(), "OUTBOXKIT_HELPER_KAFKA="+strings.Join([]string{pg.URL, string(pg.Schema), url, topic, group, logFile}, "|"))
 		cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 		if err := cmd.Start(); err != nil {
@@ -92,6 +100,15 @@ func TestKafka_ConsumerKilledRepeatedlyTheGroupSettles(t *testing.T) {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		_ = cmd.Wait()
 	}
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		for i := 1; i <= started; i++ {
+			b, _ := os.ReadFile(filepath.Join(logDir, fmt.Sprintf("consumer-%d.log", i)))
+			t.Logf("consumer %d of %d logged:\n%s", i, started, b)
+		}
+	})
 	written := 0
 	for round := 0; round < kills; round++ {
 		cmd := start()
@@ -125,7 +142,13 @@ func TestHelperKafkaConsumer(t *testing.T) {
 	}
 	p := strings.Split(spec, "|")
 	pg := testenv.AttachPG(t, p[0], p[1])
-	b := openBackend(t, p[2], kafkaOpts)
+	logs, err := os.Create(p[5])
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := kafkaOpts
+	opts.Logger = watermill.NewStdLoggerWithOut(logs, false, false)
+	b := openBackend(t, p[2], opts)
 	startEffectConsumer(t, context.Background(), pgDB(pg), b, p[3], p[4])
 	select {} // until killed
 }
