@@ -161,7 +161,7 @@ func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		kgo.OnPartitionsAssigned(c.assigned),
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, tps map[string][]int32) { c.revoked(tps, false) }),
 		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, tps map[string][]int32) { c.revoked(tps, true) }),
-		kgo.WithLogger(kgoLogger{l: s.logger, fields: c.fields}),
+		kgo.WithLogger(newKgoLogger(s.logger, c.fields)),
 	)
 	if s.instanceID != "" {
 		opts = append(opts, kgo.InstanceID(s.instanceID+"."+topic))
