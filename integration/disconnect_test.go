@@ -15,6 +15,7 @@ import (
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store/storetest"
 )
 
@@ -187,5 +188,77 @@ func TestKafka_MemberRejoinsSoonAfterALongOutage(t *testing.T) {
 	t.Logf("rejoined %s after the broker came back (12 s outage)", took.Round(10*time.Millisecond))
 	if took > 3*time.Second {
 		t.Fatalf("the member rejoined %s after the broker came back, want within about a second (at most 3 s here)", took.Round(10*time.Millisecond))
+	}
+}
+
+// A broker that drops a member's connections for a moment — here it accepts them and closes them
+// at once, as a load balancer in front of a restarting broker does — does not cost the member its
+// group session: it goes on heartbeating once the broker answers, keeps its partitions and
+// consumes on, without a rebalance and without reading again what it had not committed.
+func TestKafka_MemberKeepsItsPartitionsThroughAShortCut(t *testing.T) {
+	t.Parallel()
+	proxy, url := kafkaBehindProxy(t)
+	topic := testenv.UniqueName(t, "blip") + ".placed"
+	createKafkaTopic(t, url, topic, 1)
+	logs := watermill.NewCaptureLogger()
+	b := openBackend(t, url, backends.Options{Logger: logs})
+	sub, err := b.NewSubscriber("app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	msgs, err := sub.Subscribe(ctx, topic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(msg string) int {
+		n := 0
+		for _, level := range logs.Captured() {
+			for _, m := range level {
+				if m.Msg == msg {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	testenv.Eventually(t, 30*time.Second, "the member to be assigned its partition", func() bool { return count("Kafka partitions assigned") >= 1 })
+	receive := func(uuid string) {
+		t.Helper()
+		deadline := time.After(30 * time.Second)
+		for {
+			select {
+			case m := <-msgs:
+				m.Ack()
+				if m.UUID == uuid {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("message %s not received", uuid)
+			}
+		}
+	}
+	first := pipeline.NewEvent("Happened", "k", []byte(`{}`))
+	if err := b.Publisher.Publish(topic, first); err != nil {
+		t.Fatal(err)
+	}
+	receive(first.UUID)
+	// Held past the heartbeat interval (2 s), well within the session timeout (6 s): the member's
+	// heartbeat meets the cut.
+	n := proxy.Attempts()
+	proxy.Cut()
+	<-time.After(3 * time.Second)
+	proxy.Restore()
+	if proxy.Attempts() == n {
+		t.Fatal("the member did not try the broker during the cut: the test proves nothing")
+	}
+	second := pipeline.NewEvent("Happened", "k", []byte(`{}`))
+	if err := b.Publisher.Publish(topic, second); err != nil {
+		t.Fatal(err)
+	}
+	receive(second.UUID)
+	if lost, assigned := count("Kafka partitions revoked"), count("Kafka partitions assigned"); lost > 0 || assigned != 1 {
+		t.Fatalf("after a 3 s cut the member's partition was revoked %d times and assigned %d times, want kept throughout", lost, assigned)
 	}
 }

@@ -162,6 +162,13 @@ func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		kgo.OnPartitionsRevoked(func(_ context.Context, _ *kgo.Client, tps map[string][]int32) { c.revoked(tps, false) }),
 		kgo.OnPartitionsLost(func(_ context.Context, _ *kgo.Client, tps map[string][]int32) { c.revoked(tps, true) }),
 		kgo.WithLogger(newKgoLogger(s.logger, c.fields)),
+		// A connection the broker closes at once is taken by franz-go for a client misconfigured
+		// (TLS, SASL) and not tried again: a member whose heartbeat met a broker's restart, or a
+		// load balancer in front of it, lost its group session — its partitions abandoned, read
+		// again from the last commit after a rebalance — over a blip of a second. kafkaCheck has
+		// just proven this configuration with the same brokers, so the member tries again, as for
+		// any broken connection, within its session timeout (the heartbeat's retries stop there).
+		kgo.AlwaysRetryEOF(),
 	)
 	if s.instanceID != "" {
 		opts = append(opts, kgo.InstanceID(s.instanceID+"."+topic))
