@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
@@ -146,31 +147,7 @@ func kafkaBehindProxy(t *testing.T) (*testenv.Proxy, string) {
 // second (franz-go's own grow to 5 s, and a member came back up to 5 s after the broker did).
 func TestKafka_MemberRejoinsSoonAfterALongOutage(t *testing.T) {
 	t.Parallel()
-	proxy, url := kafkaBehindProxy(t)
-	topic := testenv.UniqueName(t, "rejoin") + ".placed"
-	createKafkaTopic(t, url, topic, 1)
-	logs := watermill.NewCaptureLogger()
-	b := openBackend(t, url, backends.Options{Logger: logs})
-	sub, err := b.NewSubscriber("app")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	if _, err := sub.Subscribe(ctx, topic); err != nil {
-		t.Fatal(err)
-	}
-	count := func(msg string) int {
-		n := 0
-		for _, level := range logs.Captured() {
-			for _, m := range level {
-				if m.Msg == msg {
-					n++
-				}
-			}
-		}
-		return n
-	}
+	proxy, _, _, _, count := kafkaMemberBehindProxy(t, "rejoin")
 	testenv.Eventually(t, 30*time.Second, "the member to be assigned its partition", func() bool { return count("Kafka partitions assigned") >= 1 })
 	proxy.Cut()
 	testenv.Eventually(t, 30*time.Second, "the member to lose its partition", func() bool { return count("Kafka partitions revoked") >= 1 })
@@ -197,32 +174,7 @@ func TestKafka_MemberRejoinsSoonAfterALongOutage(t *testing.T) {
 // consumes on, without a rebalance and without reading again what it had not committed.
 func TestKafka_MemberKeepsItsPartitionsThroughAShortCut(t *testing.T) {
 	t.Parallel()
-	proxy, url := kafkaBehindProxy(t)
-	topic := testenv.UniqueName(t, "blip") + ".placed"
-	createKafkaTopic(t, url, topic, 1)
-	logs := watermill.NewCaptureLogger()
-	b := openBackend(t, url, backends.Options{Logger: logs})
-	sub, err := b.NewSubscriber("app")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	msgs, err := sub.Subscribe(ctx, topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	count := func(msg string) int {
-		n := 0
-		for _, level := range logs.Captured() {
-			for _, m := range level {
-				if m.Msg == msg {
-					n++
-				}
-			}
-		}
-		return n
-	}
+	proxy, b, topic, msgs, count := kafkaMemberBehindProxy(t, "blip")
 	testenv.Eventually(t, 30*time.Second, "the member to be assigned its partition", func() bool { return count("Kafka partitions assigned") >= 1 })
 	receive := func(uuid string) {
 		t.Helper()
@@ -261,4 +213,38 @@ func TestKafka_MemberKeepsItsPartitionsThroughAShortCut(t *testing.T) {
 	if lost, assigned := count("Kafka partitions revoked"), count("Kafka partitions assigned"); lost > 0 || assigned != 1 {
 		t.Fatalf("after a 3 s cut the member's partition was revoked %d times and assigned %d times, want kept throughout", lost, assigned)
 	}
+}
+
+// kafkaMemberBehindProxy subscribes a member of group "app" to a new one-partition topic of a
+// broker of its own behind a proxy, and returns the proxy, the backend, the topic, the member's
+// messages, and count, which counts the lines of msg the backend has logged at any level.
+func kafkaMemberBehindProxy(t *testing.T, name string) (proxy *testenv.Proxy, b *backends.Backend, topic string,
+	msgs <-chan *message.Message, count func(msg string) int) {
+	t.Helper()
+	proxy, url := kafkaBehindProxy(t)
+	topic = testenv.UniqueName(t, name) + ".placed"
+	createKafkaTopic(t, url, topic, 1)
+	logs := watermill.NewCaptureLogger()
+	b = openBackend(t, url, backends.Options{Logger: logs})
+	sub, err := b.NewSubscriber("app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if msgs, err = sub.Subscribe(ctx, topic); err != nil {
+		t.Fatal(err)
+	}
+	count = func(msg string) int {
+		n := 0
+		for _, level := range logs.Captured() {
+			for _, m := range level {
+				if m.Msg == msg {
+					n++
+				}
+			}
+		}
+		return n
+	}
+	return proxy, b, topic, msgs, count
 }
