@@ -124,10 +124,19 @@ func TestPausesHoldEventsInKeyOrderUntilResumed(t *testing.T) {
 	for i := range 2 { // within Window, with their transactions' ends
 		waiting = append(waiting, write(t, pg, fmt.Sprintf("k%d", i), 2)...)
 	}
+	var last forwarder.SlotStatus
+	watching := true
+	defer func() {
+		if watching && t.Failed() {
+			t.Logf("last status: paused %v, held %d of %d, lag %d bytes; published %d of them", last.Paused, last.HeldEvents,
+				len(waiting), last.LagBytes, published(pub, waiting))
+		}
+	}()
 	testenv.Eventually(t, 10*time.Second, "the paused relay holding what it read", func() bool {
-		s := status()
-		return s.Paused && s.HeldEvents == len(waiting) && s.LagBytes > 0
+		last = status()
+		return last.Paused && last.HeldEvents == len(waiting) && last.LagBytes > 0
 	})
+	watching = false
 	for _, id := range waiting {
 		if pub.count(id) != 0 {
 			t.Fatalf("event %s published by a paused relay", id)
@@ -146,4 +155,15 @@ func TestPausesHoldEventsInKeyOrderUntilResumed(t *testing.T) {
 	if d := pub.duplicates(); d != 0 {
 		t.Errorf("%d duplicates across pauses", d)
 	}
+}
+
+// published counts the events of ids r has published.
+func published(r *recorder, ids []string) int {
+	n := 0
+	for _, id := range ids {
+		if r.count(id) > 0 {
+			n++
+		}
+	}
+	return n
 }
