@@ -1,16 +1,21 @@
 // Package kafkabackend is outboxkit's Kafka broker: an idempotent producer keyed by partition key
 // (so one aggregate stays on one partition) and consumer groups reading from the oldest offset. It
-// registers kafka:// with backends.Open.
+// registers kafka:// with backends.Open:
+//
+//	kafka://[user:password@]host:9092[,host:9092][?tls=true&sasl=SCRAM-SHA-512]
+//
+// with TLS (tls, tls_ca, tls_cert, tls_key, tls_server_name) and SASL (PLAIN, SCRAM-SHA-256,
+// SCRAM-SHA-512) for managed clusters, as the README's "Kafka with TLS and SASL" describes.
 package kafkabackend
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
-	"strings"
 	"syscall"
 	"time"
 
@@ -36,21 +41,9 @@ func kafkaKey(_ string, msg *message.Message) (string, error) {
 }
 
 func open(ctx context.Context, rawURL string, opts backends.Options) (backends.Parts, error) {
-	hosts := strings.TrimPrefix(rawURL, "kafka://")
-	if i := strings.IndexAny(hosts, "/?"); i >= 0 {
-		hosts = hosts[:i]
-	}
-	var brokers []string
-	for _, h := range strings.Split(hosts, ",") {
-		if h = strings.TrimSpace(h); h != "" {
-			if !strings.Contains(h, ":") {
-				return backends.Parts{}, fmt.Errorf("broker %q has no port: use kafka://host:9092[,host:9092]", h)
-			}
-			brokers = append(brokers, h)
-		}
-	}
-	if len(brokers) == 0 {
-		return backends.Parts{}, errors.New("no broker address: use kafka://host:9092[,host:9092]")
+	conn, err := parseKafkaURL(rawURL)
+	if err != nil {
+		return backends.Parts{}, err
 	}
 	marshaler := kafkaMarshaler{inner: kafka.NewWithPartitioningMarshaler(kafkaKey), wire: brokerio.NewWire(opts)}
 
@@ -60,19 +53,20 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 	cfg.Net.MaxOpenRequests = 1                   // required by the idempotent producer
 	cfg.Net.DialTimeout = 5 * time.Second         // Sarama's 30s hides an unreachable broker for long
 	cfg.Version = kafkaVersion
+	conn.sarama(cfg)
 	// Sarama's producer dials when it is made: make it on the first publish, so a process starts
 	// while the cluster is down.
 	lazy := &brokerio.LazyPublisher{Build: func() (message.Publisher, error) {
-		return kafka.NewPublisher(kafka.PublisherConfig{Brokers: brokers, Marshaler: marshaler, OverwriteSaramaConfig: cfg}, opts.Logger)
+		return kafka.NewPublisher(kafka.PublisherConfig{Brokers: conn.brokers, Marshaler: marshaler, OverwriteSaramaConfig: cfg}, opts.Logger)
 	}}
 	bounded := &brokerio.BoundedPublisher{Publisher: lazy, Classify: classifyKafka,
-		Ping: func(ctx context.Context) error { return pingKafka(ctx, brokers) }}
-	klag := &kafkaLag{brokers: brokers}
+		Ping: func(ctx context.Context) error { return pingKafka(ctx, conn) }}
+	klag := &kafkaLag{conn: conn}
 	return backends.Parts{
 		Publisher: bounded,
 		Lag:       klag.read,
 		NewSubscriber: func(group string) (backends.Subscriber, error) {
-			sub := &kafkaSubscriber{brokers: brokers, group: group, marshaler: marshaler,
+			sub := &kafkaSubscriber{conn: conn, group: group, marshaler: marshaler,
 				unacked: max(opts.Unacked, 1), instanceID: opts.KafkaInstanceID, logger: opts.Logger}
 			return brokerio.NewRetryingSubscriber(sub, group, classifyKafka, opts.Logger), nil
 		},
@@ -144,8 +138,21 @@ func classifyKafka(err error) error {
 		}
 		return outboxkit.Unreachable(err)
 	}
+	// A server certificate the client cannot verify: trying again will not help until the
+	// configuration (tls_ca, tls_server_name) or the certificate changes.
+	if _, ok := errors.AsType[*tls.CertificateVerificationError](err); ok {
+		return outboxkit.AccessDenied(err)
+	}
 	if errors.Is(err, kgo.ErrClientClosed) {
 		return outboxkit.Unreachable(err)
+	}
+	// Sarama wraps some of its errors (a refused SASL authentication, with the broker's message)
+	// so that errors.Is finds the code and errors.As does not.
+	for _, denied := range []sarama.KError{sarama.ErrSASLAuthenticationFailed, sarama.ErrTopicAuthorizationFailed,
+		sarama.ErrClusterAuthorizationFailed, sarama.ErrGroupAuthorizationFailed, sarama.ErrTransactionalIDAuthorizationFailed} {
+		if errors.Is(err, denied) {
+			return outboxkit.AccessDenied(err)
+		}
 	}
 	var serr sarama.KError
 	if errors.As(err, &serr) {
@@ -176,13 +183,16 @@ func classifyKafka(err error) error {
 }
 
 func init() {
-	backends.Register(open, "kafka://host:9092[,host:9092] (Kafka)", "kafka")
+	backends.Register(open, kafkaURLUsage+" (Kafka)", "kafka")
 }
 
-// pingKafka asks the cluster whether it answers: an ApiVersions request to each bootstrap broker in
-// turn, on a connection of its own that it closes, until one answers. A TCP connection alone would
-// not tell: a load balancer or proxy in front of a broker that is down accepts it.
-func pingKafka(ctx context.Context, brokers []string) error {
+// pingKafka asks the cluster whether it answers and takes the client: on a connection of its own
+// to each bootstrap broker in turn, until one answers, the TLS handshake and SASL authentication
+// the URL asks for, then ApiVersions and a Metadata request (which a listener that
+// wants TLS or SASL refuses to an unauthenticated client). A TCP connection alone would not tell:
+// a load balancer or proxy in front of a broker that is down accepts it. Refused credentials and a
+// server certificate that does not verify are outboxkit.AccessDenied; anything else Unreachable.
+func pingKafka(ctx context.Context, conn kafkaConn) error {
 	timeout := 2 * time.Second
 	if d, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, max(time.Until(d), 10*time.Millisecond))
@@ -190,19 +200,35 @@ func pingKafka(ctx context.Context, brokers []string) error {
 	cfg := sarama.NewConfig()
 	cfg.Version = kafkaVersion
 	cfg.Net.DialTimeout, cfg.Net.ReadTimeout, cfg.Net.WriteTimeout = timeout, timeout, timeout
+	conn.sarama(cfg)
 	var errs []error
-	for _, addr := range brokers {
-		b := sarama.NewBroker(addr)
-		if err := b.Open(cfg); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", addr, err))
-			continue
-		}
-		_, err := b.ApiVersions(&sarama.ApiVersionsRequest{})
-		_ = b.Close()
+	for _, addr := range conn.brokers {
+		err := pingBroker(addr, cfg)
 		if err == nil {
 			return nil
 		}
-		errs = append(errs, fmt.Errorf("%s: %w", addr, err))
+		err = fmt.Errorf("%s: %w", addr, conn.explain(err))
+		if denied := classifyKafka(err); outboxkit.IsAccessDenied(denied) {
+			return denied // another broker of the cluster would refuse it too
+		}
+		errs = append(errs, err)
 	}
 	return outboxkit.Unreachable(fmt.Errorf("no Kafka broker answered: %w", errors.Join(errs...)))
+}
+
+func pingBroker(addr string, cfg *sarama.Config) error {
+	b := sarama.NewBroker(addr)
+	if err := b.Open(cfg); err != nil {
+		return err
+	}
+	defer func() { _ = b.Close() }()
+	if _, err := b.ApiVersions(&sarama.ApiVersionsRequest{}); err != nil {
+		return err
+	}
+	// A topic that need not exist, so that the answer stays small on a large cluster (no topic at
+	// all would ask for every one); its own error in the answer is not ours.
+	req := sarama.NewMetadataRequest(cfg.Version, []string{"__outboxkit_ping"})
+	req.AllowAutoTopicCreation = false
+	_, err := b.GetMetadata(req)
+	return err
 }

@@ -23,9 +23,9 @@ import (
 // scrape; a failed read drops it, the next dials again. It reads and never writes: a topic that
 // does not exist is an error, not created.
 type kafkaLag struct {
-	brokers []string
-	mu      sync.Mutex
-	client  *kgo.Client
+	conn   kafkaConn
+	mu     sync.Mutex
+	client *kgo.Client
 }
 
 // kafkaAgeWait bounds the wait for the records whose age a read reports.
@@ -36,9 +36,8 @@ func (k *kafkaLag) read(ctx context.Context, topic, group string) (backends.Lag,
 	defer k.mu.Unlock()
 	if k.client == nil {
 		// Not a group member: a direct consumer, of the partitions a read adds, for the ages.
-		client, err := kgo.NewClient(kgo.SeedBrokers(k.brokers...), kgo.ClientID("outboxkit"),
-			kgo.DialTimeout(5*time.Second), kgo.FetchMaxWait(kafkaAgeWait),
-			kgo.FetchMaxBytes(1<<20), kgo.FetchMaxPartitionBytes(64<<10)) // one record's worth: Kafka sends a whole first batch anyway
+		client, err := kgo.NewClient(append(k.conn.kgoOpts(), kgo.FetchMaxWait(kafkaAgeWait),
+			kgo.FetchMaxBytes(1<<20), kgo.FetchMaxPartitionBytes(64<<10))...) // one record's worth: Kafka sends a whole first batch anyway
 		if err != nil {
 			return backends.Lag{}, classifyKafka(err)
 		}

@@ -66,7 +66,7 @@ func TestKafkaLag_CountsWhatIsNotCommittedOnEveryPartition(t *testing.T) {
 		}
 	}
 
-	lag := &kafkaLag{brokers: brokers}
+	lag := &kafkaLag{conn: kafkaConn{brokers: brokers}}
 	defer func() {
 		if err := lag.close(); err != nil {
 			t.Error(err)
@@ -114,7 +114,7 @@ func TestKafkaLag_TopicThatDoesNotExistIsAnErrorAndIsNotCreated(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	topic := testenv.UniqueName(t, "nosuch")
-	lag := &kafkaLag{brokers: brokers}
+	lag := &kafkaLag{conn: kafkaConn{brokers: brokers}}
 	defer func() { _ = lag.close() }()
 	if _, err := lag.read(ctx, topic, "billing"); err == nil || !strings.Contains(err.Error(), "topic "+topic+" does not exist") {
 		t.Fatalf("read = %v; want an error saying topic %s does not exist", err, topic)

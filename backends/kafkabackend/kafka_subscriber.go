@@ -80,7 +80,7 @@ var kafkaBalancers = func() []kgo.GroupBalancer {
 //     member. A partition lost (the member was fenced out of the group) is abandoned at once: its
 //     records' contexts end and nothing is committed, as the group has moved on.
 type kafkaSubscriber struct {
-	brokers   []string
+	conn      kafkaConn
 	group     string
 	marshaler kafkaMarshaler
 	unacked   int
@@ -96,8 +96,7 @@ func (s *kafkaSubscriber) Unacked() int { return s.unacked }
 
 // kafkaClientOpts are what every client of the subscriber is made with.
 func (s *kafkaSubscriber) kafkaClientOpts() []kgo.Opt {
-	return []kgo.Opt{kgo.SeedBrokers(s.brokers...), kgo.ClientID("outboxkit"), kgo.DialTimeout(5 * time.Second),
-		kgo.RetryBackoffFn(kafkaClientBackoff)}
+	return append(s.conn.kgoOpts(), kgo.RetryBackoffFn(kafkaClientBackoff))
 }
 
 // kafkaClientBackoff is how long franz-go waits before trying a failed request again, the group's
@@ -183,7 +182,7 @@ func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 	if err != nil {
 		stop()
 		s.life.Leave()
-		return nil, classifyKafka(fmt.Errorf("kafka subscriber %s: %w", s.group, err))
+		return nil, classifyKafka(fmt.Errorf("kafka subscriber %s: %w", s.group, s.conn.explain(err)))
 	}
 	c.cl = cl
 	close(c.ready) // the group's callbacks may run from here on
