@@ -332,7 +332,7 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 			h = impl.clock.handler(h)
 		}
 		bc, err := middleware.NewBatchConsumer(middleware.BatchConfig{
-			StackConfig: middleware.StackConfig{Store: inbox, Consumer: group}, MaxBatch: consumerBatch,
+			StackConfig: middleware.StackConfig{Store: inbox, Consumer: group}, MaxBatch: consumerBatch, Linger: c.linger,
 		}, ackWatcher{sub, record, impl.clock}, topic, h)
 		if err != nil {
 			return e2eResult{}, err

@@ -37,6 +37,7 @@ type config struct {
 	consumerKinds    string
 	backendURLs      string
 	writeFor, e2eFor time.Duration
+	linger           time.Duration
 	writeModes       string
 	writeAsync       bool
 	idleFor          time.Duration
@@ -92,6 +93,7 @@ func main() {
 		"what a row costs in CPU, round trips and WAL without the commit's flush, whose wait is the same in every mode and the noisiest part of it")
 	flag.StringVar(&c.writeModes, "write-modes", "", "the write-path modes to measure besides the business tx alone and the minimal row, comma-separated: "+
 		"outbox, commit (the row sent with COMMIT), notify, relay, awake; empty: all")
+	flag.DurationVar(&c.linger, "linger", 0, "the end-to-end runs' batch consumers' Linger (middleware.BatchConfig): how long a batch that is not full waits for more")
 	flag.DurationVar(&c.e2eFor, "e2e-for", 20*time.Second, "length of each end-to-end run at a fixed rate")
 	flag.DurationVar(&c.idleFor, "idle-for", 30*time.Second, "how long the idle scenario measures a pipeline without traffic")
 	flag.IntVar(&c.claimPending, "claim-pending", 100, "pending rows one timed claim dispatches")
