@@ -126,6 +126,14 @@ const (
 	kafkaHeartbeat        = 2 * time.Second
 )
 
+// The Sarama codes that refuse the client, and those that refuse the message for good.
+var (
+	saramaDenied = []sarama.KError{sarama.ErrSASLAuthenticationFailed, sarama.ErrTopicAuthorizationFailed,
+		sarama.ErrClusterAuthorizationFailed, sarama.ErrGroupAuthorizationFailed, sarama.ErrTransactionalIDAuthorizationFailed}
+	saramaPermanent = []sarama.KError{sarama.ErrMessageSizeTooLarge, sarama.ErrInvalidMessage, sarama.ErrInvalidMessageSize,
+		sarama.ErrInvalidTopic, sarama.ErrInvalidRecord}
+)
+
 // classifyKafka marks the errors that mean the cluster could not take the message now.
 func classifyKafka(err error) error {
 	if ke, ok := errors.AsType[*kerr.Error](err); ok { // franz-go's, from the consumer
@@ -146,24 +154,19 @@ func classifyKafka(err error) error {
 	if errors.Is(err, kgo.ErrClientClosed) {
 		return outboxkit.Unreachable(err)
 	}
-	// Sarama wraps some of its errors (a refused SASL authentication, with the broker's message)
-	// so that errors.Is finds the code and errors.As does not.
-	for _, denied := range []sarama.KError{sarama.ErrSASLAuthenticationFailed, sarama.ErrTopicAuthorizationFailed,
-		sarama.ErrClusterAuthorizationFailed, sarama.ErrGroupAuthorizationFailed, sarama.ErrTransactionalIDAuthorizationFailed} {
-		if errors.Is(err, denied) {
+	// Sarama's broker codes, matched with errors.Is: Sarama wraps some of them (a refused SASL
+	// authentication, with the broker's message) so that errors.As does not find the code.
+	for _, code := range saramaDenied {
+		if errors.Is(err, code) {
 			return outboxkit.AccessDenied(err)
 		}
 	}
-	var serr sarama.KError
-	if errors.As(err, &serr) {
-		switch serr {
-		case sarama.ErrSASLAuthenticationFailed, sarama.ErrTopicAuthorizationFailed, sarama.ErrClusterAuthorizationFailed,
-			sarama.ErrGroupAuthorizationFailed, sarama.ErrTransactionalIDAuthorizationFailed:
-			return outboxkit.AccessDenied(err)
-		case sarama.ErrMessageSizeTooLarge, sarama.ErrInvalidMessage, sarama.ErrInvalidMessageSize,
-			sarama.ErrInvalidTopic, sarama.ErrInvalidRecord:
+	for _, code := range saramaPermanent {
+		if errors.Is(err, code) {
 			return outboxkit.Permanent(err) // the message or its topic is refused, and always will be
 		}
+	}
+	if _, ok := errors.AsType[sarama.KError](err); ok {
 		return outboxkit.Unreachable(err) // leaders moving, replicas behind, timeouts: try later
 	}
 	// Sarama's own circuit breaker opens after a few failed requests to a broker: the cluster is
@@ -208,8 +211,8 @@ func pingKafka(ctx context.Context, conn kafkaConn) error {
 			return nil
 		}
 		err = fmt.Errorf("%s: %w", addr, conn.explain(err))
-		if denied := classifyKafka(err); outboxkit.IsAccessDenied(denied) {
-			return denied // another broker of the cluster would refuse it too
+		if outboxkit.IsAccessDenied(classifyKafka(err)) {
+			return err // another broker of the cluster would refuse it too; Check classifies it
 		}
 		errs = append(errs, err)
 	}

@@ -33,9 +33,17 @@ func TestClassifyKafka_OutageIsUnreachableRefusalIsNot(t *testing.T) {
 			t.Errorf("%v: a message error, want an unreachable error", err)
 		}
 	}
-	for _, err := range []error{wrap(sarama.ErrMessageSizeTooLarge), wrap(sarama.ErrInvalidTopic), errors.New("marshal: bad key")} {
+	for _, err := range []error{wrap(sarama.ErrMessageSizeTooLarge), wrap(sarama.ErrInvalidTopic), errors.New("marshal: bad key"),
+		wrap(sarama.Wrap(sarama.ErrMessageSizeTooLarge, errors.New("the broker's message")))} {
 		if outboxkit.IsUnreachable(classifyKafka(err)) {
 			t.Errorf("%v: an unreachable error, want a message error (the message is refused)", err)
+		}
+	}
+	// A refusal of the client, as Sarama returns it bare and wrapped with the broker's message.
+	for _, err := range []error{wrap(sarama.ErrTopicAuthorizationFailed),
+		wrap(sarama.Wrap(sarama.ErrSASLAuthenticationFailed, errors.New("Authentication failed: Invalid username or password")))} {
+		if got := classifyKafka(err); !outboxkit.IsAccessDenied(got) || outboxkit.IsUnreachable(got) {
+			t.Errorf("%v: classified %v, want an access-denied error only", err, got)
 		}
 	}
 }
