@@ -58,16 +58,6 @@ func IsUnreachable(err error) bool {
 		errors.Is(err, syscall.EPIPE)
 }
 
-// Transport is the former name of Unreachable.
-//
-// Deprecated: use Unreachable.
-func Transport(err error) error { return Unreachable(err) }
-
-// IsTransport is the former name of IsUnreachable.
-//
-// Deprecated: use IsUnreachable.
-func IsTransport(err error) bool { return IsUnreachable(err) }
-
 // accessDeniedError marks an error as a dependency refusing the program's credentials or
 // permissions.
 type accessDeniedError struct{ err error }

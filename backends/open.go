@@ -38,10 +38,6 @@ type Options struct {
 	// since the producer started. The other brokers keep a topic's messages for consumers that come
 	// later by themselves; there it changes nothing. Default: none. All schemes.
 	Consumers map[string][]string
-	// ConsumerGroups is the former name of Consumers.
-	//
-	// Deprecated: use Consumers; the two are merged.
-	ConsumerGroups map[string][]string
 
 	// CloudEvents adds, beside Watermill's own format, each message's CloudEvents attributes in
 	// the broker's binary content mode — Kafka ce_* headers and content-type, AMQP cloudEvents:*
@@ -221,8 +217,6 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Backend, error) {
 	if err := opts.check(scheme); err != nil {
 		return nil, err
 	}
-	opts.Consumers = mergeConsumers(opts.Consumers, opts.ConsumerGroups)
-	opts.ConsumerGroups = nil
 	if opts.Logger == nil {
 		opts.Logger = logs.Default()
 	}
@@ -268,7 +262,7 @@ func (o Options) check(scheme string) error {
 		return fmt.Errorf("options: KafkaInstanceID %q: use letters, digits, '.', '_' and '-', at most 100 characters "+
 			"(a pod's or host's name, e.g. \"billing-0\")", o.KafkaInstanceID)
 	}
-	for topic, consumers := range mergeConsumers(o.Consumers, o.ConsumerGroups) {
+	for topic, consumers := range o.Consumers {
 		for _, c := range consumers {
 			if c == "" {
 				return fmt.Errorf("options: Consumers[%q] holds an empty consumer name", topic)
@@ -280,21 +274,3 @@ func (o Options) check(scheme string) error {
 
 // kafkaInstanceID is what Kafka takes in a group.instance.id, leaving room for the topic.
 var kafkaInstanceID = regexp.MustCompile(`^[A-Za-z0-9._-]{1,100}$`)
-
-// mergeConsumers joins two topic → consumers maps, each consumer once per topic.
-func mergeConsumers(a, b map[string][]string) map[string][]string {
-	if len(b) == 0 {
-		return a
-	}
-	out := map[string][]string{}
-	for _, m := range []map[string][]string{a, b} {
-		for topic, consumers := range m {
-			for _, c := range consumers {
-				if !slices.Contains(out[topic], c) {
-					out[topic] = append(out[topic], c)
-				}
-			}
-		}
-	}
-	return out
-}

@@ -56,7 +56,7 @@ var DefaultRetention = Retention{Age: 24 * time.Hour, Interval: time.Minute, Bat
 // values that cannot work and names the field.
 type Config struct {
 	// Store holds the outbox: store/pgxstore, pgsqlstore, mysqlstore, sqlitestore, or
-	// stores.Open. Required. Where its writers wake relays (Postgres NOTIFY, SQLite in-process),
+	// store.Open. Required. Where its writers wake relays (Postgres NOTIFY, SQLite in-process),
 	// the forwarder listens; it polls as well, always.
 	Store store.Store
 
@@ -133,10 +133,6 @@ type Config struct {
 	// IsUnreachable decides whether a publish error means "broker unreachable" (open the circuit,
 	// do not count the attempt) rather than "this message failed". Default outboxkit.IsUnreachable.
 	IsUnreachable func(error) bool
-	// IsTransportError is the former name of IsUnreachable.
-	//
-	// Deprecated: use IsUnreachable. It is read only when IsUnreachable is nil.
-	IsTransportError func(error) bool
 
 	// HeartbeatInterval is how often a running relay reads the pauses an operator set (package
 	// console) and reports its state: a pause set in the middle of a pass is honoured from the next
@@ -226,9 +222,6 @@ func (c Config) withDefaults() Config {
 		c.TopicMapping = func(topic, _ string) string { return topic }
 	}
 	if c.IsUnreachable == nil {
-		c.IsUnreachable = c.IsTransportError
-	}
-	if c.IsUnreachable == nil {
 		c.IsUnreachable = outboxkit.IsUnreachable
 	}
 	if c.Retention.Age == 0 {
@@ -259,7 +252,7 @@ func (c Config) validate() error {
 	var errs []error
 	if c.Store == nil {
 		errs = append(errs, errors.New("field Store is required: pass the store of the database holding the outbox "+
-			"(store/pgxstore, pgsqlstore, mysqlstore, sqlitestore, or stores.Open)"))
+			"(store/pgxstore, pgsqlstore, mysqlstore, sqlitestore, or store.Open)"))
 	}
 	if c.Publisher == nil {
 		errs = append(errs, errors.New("field Publisher is required: pass the broker publisher (see package backends)"))

@@ -128,10 +128,6 @@ type Result struct {
 
 	// UnreachableErr is the broker failure that stopped the pass and opened the circuit, if any.
 	UnreachableErr error
-	// TransportErr is the former name of UnreachableErr, set to the same error.
-	//
-	// Deprecated: use UnreachableErr.
-	TransportErr error
 	// CircuitOpen is set when the pass did nothing because the broker could not be reached
 	// recently and has not answered since; RetryAt says when the next pass may ask it again.
 	CircuitOpen bool
@@ -236,7 +232,6 @@ func (f *Forwarder) report(rows []store.OutboxRow, out outcome, outcome store.Ou
 	res.DeadLettered = dead
 	res.Released = out.released
 	res.UnreachableErr = out.unreachable
-	res.TransportErr = out.unreachable
 	f.cfg.Metrics.DeadLettered(dead)
 	f.passDone(res.Published > 0)
 

@@ -57,11 +57,3 @@ func PrunePublished(ctx context.Context, s store.Store, cutoff time.Time, batchS
 		}
 	}
 }
-
-// ReplayDeadLetters is the former name of ReplayOutboxDeadLetters.
-//
-// Deprecated: use ReplayOutboxDeadLetters (a consumer's dead letters are replayed by
-// middleware.ReplayInboxDeadLetters).
-func (f *Forwarder) ReplayDeadLetters(ctx context.Context, filter store.DeadLetterFilter) ([]store.DeadLetter, error) {
-	return f.ReplayOutboxDeadLetters(ctx, filter)
-}

@@ -110,11 +110,11 @@ func everyStore(t *testing.T) []func(t *testing.T) testDB {
 // storeNames names everyStore's stores, in order.
 var storeNames = []string{"pgx", "postgres-sql", "mysql", "sqlite"}
 
-// openDB opens a store by URL (as a service would, with stores.Open) and migrates it.
-func openDB(t *testing.T, name, url, namespace, prefix string) testDB {
+// openDB opens a store by URL (as a service would, with store.Open) and migrates it.
+func openDB(t *testing.T, name, url, schema, prefix string) testDB {
 	t.Helper()
 	open := func(t *testing.T) *store.DB {
-		db, err := store.Open(context.Background(), url, store.OpenOptions{Schema: namespace})
+		db, err := store.Open(context.Background(), url, store.OpenOptions{Schema: schema})
 		if err != nil {
 			t.Fatalf("open %s: %v", name, err)
 		}

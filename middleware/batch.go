@@ -47,9 +47,6 @@ func (c BatchConfig) withDefaults() BatchConfig {
 		c.Logger = logs.Default()
 	}
 	if c.DedupWindow == 0 {
-		c.DedupWindow = c.InboxRetention
-	}
-	if c.DedupWindow == 0 {
 		c.DedupWindow = DefaultDedupWindow
 	}
 	return c

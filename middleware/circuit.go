@@ -19,11 +19,6 @@ import (
 // 400ms, 800ms … capped at 10 seconds, each ±20%.
 var DefaultCircuitBackoff = outboxkit.Backoff{Initial: 200 * time.Millisecond, Max: 10 * time.Second, Multiplier: 2, Jitter: 0.2}
 
-// IsUnreachable is outboxkit.IsUnreachable.
-//
-// Deprecated: use outboxkit.IsUnreachable, the one test of "a dependency could not be reached".
-func IsUnreachable(err error) bool { return outboxkit.IsUnreachable(err) }
-
 // IsUnreachableIn is outboxkit.IsUnreachable that also recognises s's database failing to answer (a failed
 // connect, a session cut, the server shutting down or starting up), in the store's own statements
 // or the handler's: the default of every middleware given a Store, and of Stack.
@@ -83,7 +78,7 @@ func NewCircuit(cfg CircuitConfig) (message.HandlerMiddleware, error) {
 		return nil, fmt.Errorf("circuit config: %w", err)
 	}
 	if cfg.IsUnreachable == nil {
-		cfg.IsUnreachable = IsUnreachable
+		cfg.IsUnreachable = outboxkit.IsUnreachable
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now

@@ -66,13 +66,6 @@ type DeadLetterConfig struct {
 	// topic_poisoned, handler_poisoned, subscriber_poisoned). Default: no poison topic.
 	DeadLetterPublisher message.Publisher
 	DeadLetterTopic     string
-	// PoisonPublisher and PoisonTopic are the former names of DeadLetterPublisher and
-	// DeadLetterTopic.
-	//
-	// Deprecated: use DeadLetterPublisher and DeadLetterTopic; these are read only when those are
-	// unset.
-	PoisonPublisher message.Publisher
-	PoisonTopic     string
 
 	// IsUnreachable recognises failures to reach a dependency: they are never dead-lettered, not
 	// even on the last allowed delivery, since the message is not at fault. Default
@@ -86,9 +79,6 @@ type DeadLetterConfig struct {
 }
 
 func (c DeadLetterConfig) withDefaults() DeadLetterConfig {
-	if c.DeadLetterPublisher == nil && c.DeadLetterTopic == "" {
-		c.DeadLetterPublisher, c.DeadLetterTopic = c.PoisonPublisher, c.PoisonTopic
-	}
 	if c.MaxDeliveries == 0 {
 		c.MaxDeliveries = DefaultMaxDeliveries
 	}

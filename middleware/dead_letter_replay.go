@@ -79,11 +79,3 @@ func ReplayInboxDeadLetters(ctx context.Context, cfg ReplayConfig, filter store.
 	}
 	return letters, nil
 }
-
-// ReplayDeadLetters is the former name of ReplayInboxDeadLetters.
-//
-// Deprecated: use ReplayInboxDeadLetters (the outbox's dead letters are replayed by
-// forwarder.ReplayOutboxDeadLetters).
-func ReplayDeadLetters(ctx context.Context, cfg ReplayConfig, filter store.DeadLetterFilter) ([]store.DeadLetter, error) {
-	return ReplayInboxDeadLetters(ctx, cfg, filter)
-}

@@ -85,7 +85,7 @@ func requireStoreAndConsumer(s store.Store, consumer string) []error {
 	var errs []error
 	if s == nil {
 		errs = append(errs, errors.New("field Store is required: pass the store of the database holding the inbox "+
-			"(store/pgxstore, pgsqlstore, mysqlstore, sqlitestore, or stores.Open)"))
+			"(store/pgxstore, pgsqlstore, mysqlstore, sqlitestore, or store.Open)"))
 	}
 	if err := validConsumer(consumer); err != nil {
 		errs = append(errs, err)

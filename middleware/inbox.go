@@ -19,11 +19,6 @@ import (
 // DefaultDedupWindow is how long inbox rows are kept: the deduplication window.
 const DefaultDedupWindow = 7 * 24 * time.Hour
 
-// DefaultInboxRetention is the former name of DefaultDedupWindow.
-//
-// Deprecated: use DefaultDedupWindow.
-const DefaultInboxRetention = DefaultDedupWindow
-
 // InboxConfig configures NewInbox.
 type InboxConfig struct {
 	// Store holds the inbox and the consumer's own tables. Required.
@@ -37,10 +32,6 @@ type InboxConfig struct {
 	// dead-lettered as a possible duplicate instead of being processed as new. It must outlast the
 	// broker's redelivery horizon and any replay you might do. Default DefaultDedupWindow (7 days).
 	DedupWindow time.Duration
-	// Retention is the former name of DedupWindow.
-	//
-	// Deprecated: use DedupWindow; Retention is read only when DedupWindow is zero.
-	Retention time.Duration
 
 	// DisableFastPath skips the "seen already?" read before the transaction. The read saves a
 	// transaction for duplicates; it is only an optimisation, the inbox insert decides either way.
@@ -54,9 +45,6 @@ type InboxConfig struct {
 }
 
 func (c InboxConfig) withDefaults() InboxConfig {
-	if c.DedupWindow == 0 {
-		c.DedupWindow = c.Retention
-	}
 	if c.DedupWindow == 0 {
 		c.DedupWindow = DefaultDedupWindow
 	}

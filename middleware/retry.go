@@ -49,7 +49,7 @@ func (c RetryConfig) withDefaults() RetryConfig {
 		c.Logger = logs.Default()
 	}
 	if c.IsUnreachable == nil {
-		c.IsUnreachable = IsUnreachable
+		c.IsUnreachable = outboxkit.IsUnreachable
 	}
 	return c
 }

@@ -16,7 +16,7 @@ import (
 // StackConfig configures Stack. Zero values take each middleware's documented default.
 type StackConfig struct {
 	// Store holds the inbox tables and the consumer's own: store/pgxstore, pgsqlstore,
-	// mysqlstore, sqlitestore, or stores.Open. Required.
+	// mysqlstore, sqlitestore, or store.Open. Required.
 	Store store.Store
 	// Consumer names the consuming service (Shipping, Billing…). Required; it must not change.
 	Consumer string
@@ -38,10 +38,6 @@ type StackConfig struct {
 	// DedupWindow is how long the inbox recognises a message (see InboxConfig.DedupWindow).
 	// Default DefaultDedupWindow (7 days).
 	DedupWindow time.Duration
-	// InboxRetention is the former name of DedupWindow.
-	//
-	// Deprecated: use DedupWindow; InboxRetention is read only when DedupWindow is zero.
-	InboxRetention time.Duration
 	// DisableFastPath skips the inbox's "seen already?" read. Default false.
 	DisableFastPath bool
 	// CountFirstDeliveries: see DeliveryCountConfig. Default false.
@@ -49,12 +45,6 @@ type StackConfig struct {
 	// DeadLetterPublisher and DeadLetterTopic also send dead-lettered messages to a topic of their own.
 	DeadLetterPublisher message.Publisher
 	DeadLetterTopic     string
-	// PoisonPublisher and PoisonTopic are the former names of DeadLetterPublisher and
-	// DeadLetterTopic.
-	//
-	// Deprecated: use DeadLetterPublisher and DeadLetterTopic.
-	PoisonPublisher message.Publisher
-	PoisonTopic     string
 	// OrderGuard adds the per-key version guard (see NewOrderGuard), configured by its fields;
 	// its Store, Consumer and Now are the stack's. Default nil: no guard.
 	OrderGuard *OrderGuardConfig
@@ -108,11 +98,10 @@ func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 		Now: cfg.Now, Logger: cfg.Logger, CountFirstDeliveries: cfg.CountFirstDeliveries, IsUnreachable: cfg.IsUnreachable}))
 	add(NewDeadLetter(DeadLetterConfig{Store: cfg.Store, Consumer: cfg.Consumer,
 		MaxDeliveries: cfg.MaxDeliveries, SoloWait: cfg.SoloWait, MaxSoloWaits: cfg.MaxSoloWaits, DeadLetterPublisher: cfg.DeadLetterPublisher, DeadLetterTopic: cfg.DeadLetterTopic,
-		PoisonPublisher: cfg.PoisonPublisher, PoisonTopic: cfg.PoisonTopic,
 		IsUnreachable: cfg.IsUnreachable, Now: cfg.Now, Logger: cfg.Logger}))
 	add(NewRetry(RetryConfig{MaxRetries: cfg.MaxRetries, Backoff: cfg.RetryBackoff, IsUnreachable: cfg.IsUnreachable, Logger: cfg.Logger}))
 	add(NewInbox(InboxConfig{Store: cfg.Store, Consumer: cfg.Consumer,
-		DedupWindow: cfg.DedupWindow, Retention: cfg.InboxRetention, DisableFastPath: cfg.DisableFastPath, Now: cfg.Now, Logger: cfg.Logger}))
+		DedupWindow: cfg.DedupWindow, DisableFastPath: cfg.DisableFastPath, Now: cfg.Now, Logger: cfg.Logger}))
 	if cfg.OrderGuard != nil {
 		og := *cfg.OrderGuard
 		og.Store, og.Consumer, og.Now = cfg.Store, cfg.Consumer, cfg.Now

@@ -19,7 +19,7 @@ type MigrateResult = store.MigrateResult
 func Migrate(ctx context.Context, s store.Store) (MigrateResult, error) {
 	if s == nil {
 		return MigrateResult{}, fmt.Errorf("pipeline.Migrate: the store is nil: pass one from store/pgxstore, pgsqlstore, " +
-			"mysqlstore, sqlitestore or stores.Open")
+			"mysqlstore, sqlitestore or store.Open")
 	}
 	res, err := s.Migrate(ctx)
 	if err != nil {

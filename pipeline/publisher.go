@@ -22,11 +22,6 @@ var (
 	// ErrDuplicateUUID: a message's UUID is already in the outbox, or repeated within the call.
 	// The failed statement aborts the caller's transaction on Postgres.
 	ErrDuplicateUUID = store.ErrDuplicateUUID
-
-	// ErrTxClosed is the former name of ErrTxDone.
-	//
-	// Deprecated: use ErrTxDone.
-	ErrTxClosed = store.ErrTxDone
 )
 
 // InvalidMessageError says why a message cannot be stored in the outbox.

@@ -332,13 +332,13 @@ type Console interface {
 	AuditLog(ctx context.Context, before int64, limit int) ([]AuditEntry, error)
 }
 
-// ErrNoLetter: no dead letter with that side and id.
+// ErrNoLetter means there is no dead letter with that side and id.
 var ErrNoLetter = errors.New("no such dead letter")
 
-// ErrNoJob: no job with that id.
+// ErrNoJob means there is no job with that id.
 var ErrNoJob = errors.New("no such job")
 
-// ErrLeaseLost: another runner took the job (this one stalled past its lease); nothing was written.
+// ErrLeaseLost means another runner took the job (this one stalled past its lease); nothing was written.
 var ErrLeaseLost = errors.New("the job's lease was taken by another console: this runner stops")
 
 // ConsoleOf returns the console's view of s: s itself, or the driver under a DB that Open

@@ -34,7 +34,7 @@ type Driver[TTx any] interface {
 type Store interface {
 	// Info describes the store: its name and its schema.
 	Info() Info
-	// Unreachable reports whether err — from the store, or from the application's own statements
+	// IsUnreachable reports whether err — from the store, or from the application's own statements
 	// on this database — means the database could not be reached or dropped the session (a
 	// failed connect, a lost connection, the server shutting down or out of connections), rather
 	// than that it refused the statement.
@@ -333,7 +333,7 @@ type Parked struct {
 	ParkedAt      time.Time
 }
 
-// Dead-letter is a message a consumer dead-letters.
+// InboxDeadLetter is a message a consumer dead-letters.
 type InboxDeadLetter struct {
 	Consumer, Topic, MessageID string
 	Payload                    []byte

@@ -41,10 +41,6 @@ type PublisherConfig struct {
 	// only when no queue at all is bound: without this, a consumer whose queue does not exist yet
 	// misses, silently, everything published before it first subscribes. Default: none.
 	Consumers map[string][]string
-	// ConsumerGroups is the former name of Consumers.
-	//
-	// Deprecated: use Consumers; read only when Consumers is empty.
-	ConsumerGroups map[string][]string
 	// QuorumQueues declares those queues as quorum queues; it must match the subscribers'
 	// SubscriberConfig.QuorumQueues. Default false.
 	QuorumQueues bool
@@ -137,9 +133,6 @@ func NewPublisher(cfg PublisherConfig) (*Publisher, error) {
 	}
 	if cfg.Channels < 0 || cfg.DialTimeout < 0 || cfg.Heartbeat < 0 {
 		return nil, errors.New("amqp publisher: Channels, DialTimeout and Heartbeat must not be negative")
-	}
-	if len(cfg.Consumers) == 0 {
-		cfg.Consumers = cfg.ConsumerGroups
 	}
 	for topic, consumers := range cfg.Consumers {
 		for _, c := range consumers {

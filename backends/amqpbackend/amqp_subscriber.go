@@ -26,10 +26,6 @@ type SubscriberConfig struct {
 	// "<topic>_<consumer>", bound to the topic's exchange, so every consumer gets every message.
 	// Required.
 	Consumer string
-	// ConsumerGroup is the former name of Consumer.
-	//
-	// Deprecated: use Consumer; read only when Consumer is empty.
-	ConsumerGroup string
 	// Prefetch is how many unacknowledged messages the broker hands over at once. Default 16.
 	Prefetch int
 	// Unacked is how many messages a subscription hands out before the first is acknowledged.
@@ -68,9 +64,6 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	}
 	if _, err := amqp.ParseURI(cfg.URL); err != nil {
 		return nil, fmt.Errorf("amqp subscriber: URL %q: %w (want amqp://user:pass@host:5672/vhost)", brokerio.Redact(cfg.URL), err)
-	}
-	if cfg.Consumer == "" {
-		cfg.Consumer = cfg.ConsumerGroup
 	}
 	if cfg.Consumer == "" {
 		return nil, errors.New("amqp subscriber: Consumer is required: name the consuming service (e.g. \"shipping\")")

@@ -40,7 +40,7 @@ func TestAMQP_PropertiesAndForeignDeliveries(t *testing.T) {
 		t.Fatalf("CloudEvents application properties: %v", pub.Headers)
 	}
 
-	s, err := NewSubscriber(SubscriberConfig{URL: "amqp://guest:guest@127.0.0.1:5672/", ConsumerGroup: "g"})
+	s, err := NewSubscriber(SubscriberConfig{URL: "amqp://guest:guest@127.0.0.1:5672/", Consumer: "g"})
 	if err != nil {
 		t.Fatal(err)
 	}

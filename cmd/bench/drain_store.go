@@ -89,8 +89,8 @@ func benchDrainSQLite(ctx context.Context, c config) ([]series, error) {
 // drainStoreOnce preloads c.events into the outbox of the store dbURL names (a database of its
 // own on a server) and times a forwarder draining it to brokerURL.
 func drainStoreOnce(ctx context.Context, c config, dbURL, brokerURL string, rep int) (float64, error) {
-	namespace := fmt.Sprintf("bench_ok_%d_%d", rep, time.Now().UnixNano()%1e9)
-	db, err := store.Open(ctx, dbURL, store.OpenOptions{Schema: namespace})
+	schema := fmt.Sprintf("bench_ok_%d_%d", rep, time.Now().UnixNano()%1e9)
+	db, err := store.Open(ctx, dbURL, store.OpenOptions{Schema: schema})
 	if err != nil {
 		return 0, err
 	}
@@ -99,9 +99,9 @@ func drainStoreOnce(ctx context.Context, c config, dbURL, brokerURL string, rep 
 		return 0, err
 	}
 	if db.Dialect == "mysql" {
-		defer db.SQL.Exec("DROP DATABASE `" + namespace + "`") //nolint:errcheck
+		defer db.SQL.Exec("DROP DATABASE `" + schema + "`") //nolint:errcheck
 	}
-	topic := "bench.store." + namespace
+	topic := "bench.store." + schema
 	for start := 0; start < c.events; start += 1000 {
 		tx, err := db.SQL.BeginTx(ctx, nil)
 		if err != nil {

@@ -370,14 +370,14 @@ func pgWriteTarget(ctx context.Context, c config, dbURL string, modes []writeMod
 
 // sqlWriteTarget measures a database/sql store (MySQL/MariaDB, SQLite) opened by URL.
 func sqlWriteTarget(ctx context.Context, dbURL, desc string) (*writeTarget, error) {
-	namespace := fmt.Sprintf("bench_write_%d", time.Now().UnixNano()%1e9)
-	db, err := store.Open(ctx, dbURL, store.OpenOptions{Schema: namespace})
+	schema := fmt.Sprintf("bench_write_%d", time.Now().UnixNano()%1e9)
+	db, err := store.Open(ctx, dbURL, store.OpenOptions{Schema: schema})
 	if err != nil {
 		return nil, err
 	}
 	closeAll := func() {
 		if db.Dialect == "mysql" {
-			_, _ = db.SQL.Exec("DROP DATABASE `" + namespace + "`")
+			_, _ = db.SQL.Exec("DROP DATABASE `" + schema + "`")
 		}
 		db.Close()
 	}
@@ -389,7 +389,7 @@ func sqlWriteTarget(ctx context.Context, dbURL, desc string) (*writeTarget, erro
 	// the end), in the run's file on SQLite.
 	in := ""
 	if db.Dialect == "mysql" {
-		in = "`" + namespace + "`."
+		in = "`" + schema + "`."
 	}
 	ddl := []string{
 		`CREATE TABLE orders (id INTEGER PRIMARY KEY, customer TEXT NOT NULL, total_cents INTEGER NOT NULL,

@@ -59,13 +59,13 @@ type tables struct {
 	prefix string
 }
 
-func newTables(db *store.DB, namespace string) tables {
+func newTables(db *store.DB, schema string) tables {
 	t := tables{db: db}
 	switch db.Dialect {
 	case "postgres":
-		t.prefix = `"` + namespace + `".`
+		t.prefix = `"` + schema + `".`
 	case "mysql":
-		t.prefix = "`" + namespace + "`."
+		t.prefix = "`" + schema + "`."
 	}
 	return t
 }

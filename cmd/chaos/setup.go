@@ -181,16 +181,16 @@ func (e *env) withAppName(raw, name string) string {
 }
 
 // checkerDB opens the soak's tables for the checker.
-func (e *env) checkerDB(ctx context.Context, namespace string) (*store.DB, error) {
+func (e *env) checkerDB(ctx context.Context, schema string) (*store.DB, error) {
 	switch e.o.store {
 	case "sqlite":
 		file := filepath.Join(e.dir, "chaos.db")
-		if strings.HasSuffix(namespace, "_gateway") {
+		if strings.HasSuffix(schema, "_gateway") {
 			file += "-gateway"
 		}
 		return store.Open(ctx, "sqlite://"+file, store.OpenOptions{MaxConns: 2})
 	}
-	return store.Open(ctx, e.withAppName(e.o.dbURL, e.run+"_driver"), store.OpenOptions{Schema: namespace, MaxConns: 4})
+	return store.Open(ctx, e.withAppName(e.o.dbURL, e.run+"_driver"), store.OpenOptions{Schema: schema, MaxConns: 4})
 }
 
 func (e *env) setUpBroker(ctx context.Context) error {

@@ -40,7 +40,7 @@ const gatewayChargesDDL = `CREATE TABLE IF NOT EXISTS {{t}}.gateway_charges (
     charged_at      VARCHAR(40)  NOT NULL
 )`
 
-// openGateway opens the gateway's database beside the demo's: the namespace <schema>_gateway on
+// openGateway opens the gateway's database beside the demo's: the schema <schema>_gateway on
 // Postgres and MySQL, the file <db>-gateway on SQLite.
 func openGateway(ctx context.Context, o options, dialect string) (*store.DB, error) {
 	url, ns := o.dbURL, o.schema+"_gateway"

@@ -15,7 +15,7 @@ import (
 var schemas embed.FS
 
 // business is the demo's own tables on whichever database --db names. Its statements are written
-// once, with ? placeholders and {{t}}. before table names (the namespace outboxkit's tables share).
+// once, with ? placeholders and {{t}}. before table names (the schema outboxkit's tables share).
 type business struct {
 	db     *store.DB
 	prefix string

@@ -118,10 +118,10 @@ func TestMigrateStatusAndOutboxDeadLetters(t *testing.T) {
 	})
 }
 
-func operate(t *testing.T, url, namespace string) {
+func operate(t *testing.T, url, schema string) {
 	db := []string{"--db", url}
-	if namespace != "" {
-		db = append(db, "--schema", namespace)
+	if schema != "" {
+		db = append(db, "--schema", schema)
 	}
 
 	if code, _, stderr := ctl(t, append(db, "status")...); code != 1 || !strings.Contains(stderr, "outboxctl migrate") {
@@ -136,7 +136,7 @@ func operate(t *testing.T, url, namespace string) {
 
 	// Two events; the broker refuses the one for key "bad" until it is dead-lettered.
 	ctx := context.Background()
-	s, err := store.Open(ctx, url, store.OpenOptions{Schema: namespace, PollOnly: true})
+	s, err := store.Open(ctx, url, store.OpenOptions{Schema: schema, PollOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}

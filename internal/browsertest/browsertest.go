@@ -24,7 +24,7 @@ import (
 	"github.com/chromedp/chromedp"
 )
 
-// ErrNoBrowser: neither $OUTBOXKIT_CHROMIUM nor chromium is on PATH.
+// ErrNoBrowser means that neither $OUTBOXKIT_CHROMIUM nor chromium is on PATH.
 var ErrNoBrowser = errors.New("no chromium found: run scripts/browser.sh (or set OUTBOXKIT_CHROMIUM)")
 
 // Path finds the browser as scripts/browser.sh does.

@@ -67,7 +67,7 @@ func AccessDenied(err error) bool {
 	return strings.HasPrefix(code, "28") || code == "42501"
 }
 
-// Unreachable reports whether err means the database could not be reached, or dropped the
+// IsUnreachable reports whether err means the database could not be reached, or dropped the
 // session, rather than that it refused the statement: a failed connect, a connection lost or
 // reset, the server shutting down, starting up or out of connection slots (SQLSTATE class 08,
 // 57P01-57P03, 53300). Work that failed so is expected to succeed once the database is back.

@@ -32,10 +32,6 @@ type Config struct {
 	// Schema is the database holding outboxkit's tables (MySQL calls a database a schema;
 	// Migrate creates it). Default "outboxkit".
 	Schema string
-	// Database is the former name of Schema.
-	//
-	// Deprecated: use Schema. Database is read only when Schema is empty.
-	Database string
 }
 
 // Store is a store.Driver[*sql.Tx].
@@ -51,9 +47,6 @@ var _ store.Driver[*sql.Tx] = (*Store)(nil)
 func New(db *sql.DB, cfg Config) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("mysqlstore: db is nil: open the database (sql.Open(\"mysql\", dsn), or mysqlstore.Open) and pass it")
-	}
-	if cfg.Schema == "" {
-		cfg.Schema = cfg.Database
 	}
 	d, err := mysql.New(cfg.Schema)
 	if err != nil {

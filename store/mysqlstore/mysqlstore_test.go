@@ -22,7 +22,7 @@ func TestStore(t *testing.T) {
 		Open: func(t *testing.T) *storetest.Env[*sql.Tx] {
 			m := testenv.NewMySQL(t)
 			open := func(t *testing.T) *mysqlstore.Store {
-				s, err := mysqlstore.New(testenv.OpenMySQL(t, m.URL), mysqlstore.Config{Database: m.Database})
+				s, err := mysqlstore.New(testenv.OpenMySQL(t, m.URL), mysqlstore.Config{Schema: m.Database})
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -25,9 +25,9 @@ type Harness[TTx any] struct {
 	// Open returns a store of its own for one test (its own schema, database or file), empty and
 	// not migrated, dropped when the test ends.
 	Open func(t *testing.T) *Env[TTx]
-	// ProcessURL, when set, returns the stores.Open URL and namespace that reach env's store from
+	// ProcessURL, when set, returns the store.Open URL and schema that reach env's store from
 	// another process, for the test of migrations run by several processes at once.
-	ProcessURL func(t *testing.T, env *Env[TTx]) (url, namespace string)
+	ProcessURL func(t *testing.T, env *Env[TTx]) (url, schema string)
 	// Sessions is how many sessions, up to want, a test may hold at once (the server's spare
 	// connections); nil: want.
 	Sessions func(t *testing.T, want int) int

@@ -30,7 +30,7 @@ type Outlets struct {
 
 func (r *Outlets) init() { r.once.Do(func() { r.closing = make(chan struct{}) }) }
 
-// outlet returns a channel that carries in's messages and is closed when in is, when ctx ends, or
+// Outlet returns a channel that carries in's messages and is closed when in is, when ctx ends, or
 // when close is called.
 func (r *Outlets) Outlet(ctx context.Context, in <-chan *message.Message) <-chan *message.Message {
 	pending := make(chan (<-chan *message.Message), 1)
@@ -39,7 +39,7 @@ func (r *Outlets) Outlet(ctx context.Context, in <-chan *message.Message) <-chan
 	return r.OutletLater(ctx, pending)
 }
 
-// outletLater is outlet for a subscription made later: it carries the messages of the channel that
+// OutletLater is Outlet for a subscription made later: it carries the messages of the channel that
 // arrives on pending, and closes when pending closes empty, ctx ends, or close is called.
 func (r *Outlets) OutletLater(ctx context.Context, pending <-chan (<-chan *message.Message)) <-chan *message.Message {
 	r.init()
@@ -92,7 +92,7 @@ func (r *Outlets) IsClosing() bool {
 	}
 }
 
-// close stops handing messages out, closes the library's subscriber and waits until every
+// Close stops handing messages out, closes the library's subscriber and waits until every
 // channel from relay is closed.
 func (r *Outlets) Close(closeInner func() error) error {
 	r.init()

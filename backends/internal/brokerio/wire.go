@@ -38,7 +38,7 @@ func NewWire(o backends.Options) Wire {
 	return w
 }
 
-// messageContentType is the message's content type: its metadata's, else the configured default.
+// MessageContentType is the message's content type: its metadata's, else the configured default.
 func (w Wire) MessageContentType(msg *message.Message) string {
 	if ct := msg.Metadata.Get(outboxkit.MetadataContentType); ct != "" {
 		return ct
@@ -46,7 +46,7 @@ func (w Wire) MessageContentType(msg *message.Message) string {
 	return w.contentType
 }
 
-// ceAttributes returns msg's CloudEvents context attributes, by name (without a binding's prefix),
+// CEAttributes returns msg's CloudEvents context attributes, by name (without a binding's prefix),
 // datacontenttype included; nil unless CloudEvents is on. The type is the event type, or the topic
 // for a message without one (the attribute is required).
 func (w Wire) CEAttributes(topic string, msg *message.Message) map[string]string {
@@ -74,7 +74,7 @@ func (w Wire) CEAttributes(topic string, msg *message.Message) map[string]string
 	return attrs
 }
 
-// withCloudEvents returns a copy of msg whose metadata also carries its CloudEvents attributes
+// WithCloudEvents returns a copy of msg whose metadata also carries its CloudEvents attributes
 // under prefix (and datacontenttype under contentTypeKey when that is not ""), for bindings whose
 // marshalers write metadata as headers or fields. msg itself is unchanged.
 func (w Wire) WithCloudEvents(topic string, msg *message.Message, prefix, contentTypeKey string) *message.Message {

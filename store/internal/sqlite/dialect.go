@@ -288,10 +288,10 @@ func (d *Dialect) LockMessage(ctx context.Context, db dbexec.DB, consumer, messa
 	return conn, count, func(context.Context) bool { d.locks.unlock(key); return true }, nil
 }
 
+// Waker wakes relays in this process when a writer commits (SQLite has no NOTIFY).
 func (d *Dialect) Waker() store.Waker { return d.wake }
 
-// Migrate applies each migration in a transaction of its own with its version row; SQLite's single
-// writer serializes processes migrating at once.
+// SchemaVersion reads the version the database is migrated to and the newest this build knows.
 func (d *Dialect) SchemaVersion(ctx context.Context, db dbexec.DB) (current, newest int, err error) {
 	migrations := sqlstore.ParseMigrations(files, "migrations")
 	err = db.QueryRow(ctx, "SELECT COALESCE(MAX(version), 0) FROM main.schema_migrations").Scan(&current)

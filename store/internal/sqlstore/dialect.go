@@ -1,5 +1,5 @@
 // Package sqlstore implements store.Store once, for every SQL database, over a Dialect: the
-// dialect brings its SQL text (its own files, placeholders and namespace) and the few things that
+// dialect brings its SQL text (its own files, placeholders and schema) and the few things that
 // differ beyond text — how rows are claimed, how a message is locked, how relays are woken, how
 // migrations run, how its errors read — and sqlstore does the rest the same way everywhere.
 package sqlstore
@@ -16,7 +16,7 @@ import (
 type Dialect interface {
 	// Info names the store.
 	Info() store.Info
-	// Queries returns the dialect's statements, rendered for its namespace.
+	// Queries returns the dialect's statements, rendered for its schema.
 	Queries() *Queries
 
 	// Args converts values into the dialect's parameters.

@@ -35,7 +35,7 @@ func (s *Store) Dialect() Dialect { return s.d }
 // UnwrapTx is the store's view of an application's transaction.
 func (s *Store) UnwrapTx(tx dbexec.Tx) store.Tx { return userTx{s: s, tx: tx} }
 
-// Unreachable reports whether the dialect reads err as the database failing to answer.
+// IsUnreachable reports whether the dialect reads err as the database failing to answer.
 func (s *Store) IsUnreachable(err error) bool {
 	return err != nil && outboxkit.IsUnreachable(s.d.Classify(err))
 }
