@@ -113,9 +113,8 @@ func NewBatchConsumer(cfg BatchConfig, sub message.Subscriber, topic string, h m
 	if sub == nil || topic == "" || h == nil {
 		return nil, errors.New("batch consumer: a subscriber, a topic and a handler are required")
 	}
-	if named, ok := sub.(interface{ Consumer() string }); ok && named.Consumer() != cfg.Consumer {
-		return nil, fmt.Errorf("batch consumer %q: %w: the subscriber reads for consumer %q; give both the same name",
-			cfg.Consumer, ErrWrongConsumer, named.Consumer())
+	if err := checkSubscriber(sub, cfg.Consumer); err != nil {
+		return nil, fmt.Errorf("batch consumer %q: %w", cfg.Consumer, err)
 	}
 	stack, err := Stack(cfg.StackConfig)
 	if err != nil {

@@ -136,7 +136,7 @@ func held(isUnreachable func(error) bool, err error) bool {
 func checkConsumer(msg *message.Message, consumer string) error {
 	if got, ok := outboxkit.ConsumerFrom(msg.Context()); ok && got != consumer {
 		return fmt.Errorf("consumer %q: %w: its subscription is for consumer %q; give the subscriber and StackConfig.Consumer "+
-			"the same name", consumer, ErrWrongConsumer, got)
+			"the same name (middleware.AddConsumerHandler refuses such a pair when the program starts)", consumer, ErrWrongConsumer, got)
 	}
 	return nil
 }

@@ -15,6 +15,10 @@
 // commit together, and a duplicate — even a concurrent one — is acknowledged without running the
 // handler.
 //
+// AddConsumerHandler adds a handler to a Watermill router with that stack in one call, and refuses
+// at once a subscriber that reads for another consumer than the stack's: the broker's group or
+// queue and the inbox's rows carry one consumer name.
+//
 // Every middleware reads and writes the database through the store seam (package store), whatever
 // the database and its driver, in the tables pipeline.Migrate created; a handler gets the inbox's
 // transaction in the driver's own type (pgx.Tx, *sql.Tx). None knows which broker the messages came

@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"log"
 	"os"
@@ -107,6 +108,46 @@ func ExampleStack() {
 	_ = st.DB().QueryRow(`SELECT count(*) FROM shipments`).Scan(&shipments)
 	fmt.Printf("processed %d, duplicates %d, shipments %d\n", s.Processed, s.Duplicates, shipments)
 	// Output: processed 1, duplicates 1, shipments 1
+}
+
+// The same consumer added in one call: the handler, its stack and its subscription under one
+// consumer name. A subscriber that reads for another consumer is refused here, before anything
+// runs, where a stack built for the wrong name would hold every message it is given.
+func ExampleAddConsumerHandler() {
+	st, broker, cleanup := shop()
+	defer cleanup()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	ship := handlers.JSON(func(ctx context.Context, tx *sql.Tx, o OrderPlaced) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO shipments (order_id) VALUES (?)`, o.ID)
+		return err
+	})
+
+	wrong, _ := broker.NewSubscriber("shipping-v2")
+	_, err = middleware.AddConsumerHandler(router, "shipping", "orders", wrong,
+		middleware.StackConfig{Store: st, Consumer: "shipping"}, ship)
+	fmt.Println("refused:", errors.Is(err, middleware.ErrWrongConsumer))
+
+	sub, _ := broker.NewSubscriber("shipping")
+	if _, err := middleware.AddConsumerHandler(router, "shipping", "orders", sub,
+		middleware.StackConfig{Store: st, Consumer: "shipping"}, ship); err != nil {
+		log.Fatal(err)
+	}
+	go func() { _ = router.Run(ctx) }()
+	<-router.Running()
+
+	msg, _ := pipeline.NewJSONEvent("OrderPlaced", "o-1", OrderPlaced{ID: "o-1"})
+	_ = broker.Publisher.Publish("orders", msg)
+	s := awaitStats(st, "shipping", func(s middleware.ConsumerStats) bool { return s.Processed == 1 })
+	fmt.Println("processed", s.Processed)
+	// Output:
+	// refused: true
+	// processed 1
 }
 
 // A consumer that applies many messages in one transaction — one inbox INSERT and one COMMIT per

@@ -71,6 +71,10 @@ type StackConfig struct {
 // Handler.AddMiddleware (Watermill runs the first one added outermost):
 //
 //	[Tracing] → [Metrics] → Circuit → DeliveryCount → DeadLetter → Retry → Inbox → [OrderGuard] → handler
+//
+// AddConsumerHandler builds it and adds it with its handler and subscription in one call, refusing
+// a subscription of another consumer than cfg.Consumer before anything runs; a stack added by hand
+// to a handler whose subscriber reads for another consumer holds every message (ErrWrongConsumer).
 func Stack(cfg StackConfig) ([]message.HandlerMiddleware, error) {
 	var (
 		stack []message.HandlerMiddleware

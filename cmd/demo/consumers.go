@@ -95,23 +95,24 @@ func addConsumers(router *message.Router, b *business, broker *backends.Backend,
 		if err != nil {
 			return fmt.Errorf("consumer %s: cannot subscribe: %w", c.name, err)
 		}
-		var stack []message.HandlerMiddleware
+		h := handlers.JSON(logged(b, c.name, effects[c.name]))
 		if o.noInbox {
-			stack, err = stackWithoutInbox(b, c.name, logger)
-		} else {
-			// The order guard applies an order's events in version order (OrderCancelled after
-			// OrderPlaced) whatever the broker does with a redelivery.
-			stack, err = middleware.Stack(middleware.StackConfig{
-				Store: b.db, Consumer: c.name, Metrics: prom.NewConsumerMetrics(reg), Logger: logger,
-				RetryBackoff: middleware.DefaultRetryBackoff, MaxRetries: 1,
-				OrderGuard: &middleware.OrderGuardConfig{},
-			})
+			stack, err := stackWithoutInbox(b, c.name, logger)
+			if err != nil {
+				return err
+			}
+			router.AddConsumerHandler(c.name, topic, sub, h).AddMiddleware(stack...)
+			continue
 		}
-		if err != nil {
+		// The order guard applies an order's events in version order (OrderCancelled after
+		// OrderPlaced) whatever the broker does with a redelivery.
+		if _, err := middleware.AddConsumerHandler(router, c.name, topic, sub, middleware.StackConfig{
+			Store: b.db, Consumer: c.name, Metrics: prom.NewConsumerMetrics(reg), Logger: logger,
+			RetryBackoff: middleware.DefaultRetryBackoff, MaxRetries: 1,
+			OrderGuard: &middleware.OrderGuardConfig{},
+		}, h); err != nil {
 			return err
 		}
-		h := router.AddConsumerHandler(c.name, topic, sub, handlers.JSON(logged(b, c.name, effects[c.name])))
-		h.AddMiddleware(stack...)
 	}
 	return nil
 }
