@@ -42,7 +42,7 @@ demo:
 ## BENCH_ARGS="--scenario console [--store sqlite]" builds 10 M outbox rows and 1 M dead letters
 ## and times the console's pages.
 bench: services
-	$(GO) run ./cmd/bench $(BENCH_ARGS)
+	$(GO) run ./internal/cmd/bench $(BENCH_ARGS)
 
 ## bench-compare: this tree's bench beside an earlier commit's, run alternately on this machine:
 ## REF=<commit> (required), ROUNDS=3, BENCH_ARGS="--scenario drain,consumer --reps 3" (those are the
@@ -56,7 +56,7 @@ bench-compare: services
 ## chaos: the soak — the demo's parts as processes under load, every fault at once, then the
 ## invariant checker (exit 1 on a violation). CHAOS_ARGS="--store mysql --broker kafka --duration 10m".
 chaos: services
-	$(GO) run ./cmd/chaos $(CHAOS_ARGS)
+	$(GO) run ./internal/cmd/chaos $(CHAOS_ARGS)
 
 ## chaos-all: the soak on every store (Postgres, MySQL, SQLite) and every broker (RabbitMQ, Kafka,
 ## NATS, Redis), in turn; CHAOS_ARGS apply to each run (e.g. --duration 10m).
@@ -64,7 +64,7 @@ CHAOS_RUNS = postgres:amqp postgres:kafka postgres:nats postgres:redis mysql:amq
 chaos-all: services
 	@failed=""; for run in $(CHAOS_RUNS); do \
 		echo "== chaos --store $${run%%:*} --broker $${run##*:}"; \
-		$(GO) run ./cmd/chaos --store $${run%%:*} --broker $${run##*:} $(CHAOS_ARGS) || failed="$$failed $$run"; \
+		$(GO) run ./internal/cmd/chaos --store $${run%%:*} --broker $${run##*:} $(CHAOS_ARGS) || failed="$$failed $$run"; \
 	done; if [ -n "$$failed" ]; then echo "chaos failed:$$failed"; exit 1; fi
 
 ## lint: formatting, a tidy go.mod, vet and staticcheck.

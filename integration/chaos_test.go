@@ -11,7 +11,7 @@ import (
 	"github.com/outboxkit/outboxkit/internal/testenv"
 )
 
-// runChaos runs cmd/chaos against the test's Postgres and RabbitMQ (it makes a schema and a vhost of
+// runChaos runs internal/cmd/chaos against the test's Postgres and RabbitMQ (it makes a schema and a vhost of
 // its own, and removes them) and returns its output and exit code.
 func runChaos(t *testing.T, args ...string) (string, int) {
 	t.Helper()
@@ -29,7 +29,7 @@ func runChaos(t *testing.T, args ...string) (string, int) {
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
 	} else if err != nil {
-		t.Fatalf("run cmd/chaos: %v", err)
+		t.Fatalf("run internal/cmd/chaos: %v", err)
 	}
 	return out.String(), code
 }

@@ -29,7 +29,7 @@ var (
 	buildErr  error
 )
 
-// binaries builds cmd/demo, cmd/outboxctl and cmd/chaos once per test run.
+// binaries builds cmd/demo, cmd/outboxctl and internal/cmd/chaos once per test run.
 func binaries(t *testing.T) (demo, ctl string) {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -37,8 +37,8 @@ func binaries(t *testing.T) (demo, ctl string) {
 		if buildErr != nil {
 			return
 		}
-		for _, cmd := range []string{"demo", "outboxctl", "chaos"} {
-			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, cmd), "github.com/outboxkit/outboxkit/cmd/"+cmd).CombinedOutput()
+		for cmd, pkg := range map[string]string{"demo": "cmd/demo", "outboxctl": "cmd/outboxctl", "chaos": "internal/cmd/chaos"} {
+			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, cmd), "github.com/outboxkit/outboxkit/"+pkg).CombinedOutput()
 			if err != nil {
 				buildErr = fmt.Errorf("build %s: %v\n%s", cmd, err, out)
 				return

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Compare this tree's cmd/bench with an earlier commit's, run alternately on the same machine in the
-# same hour, so that a change of the machine is not mistaken for a change of the code.
+# Compare this tree's bench (internal/cmd/bench) with an earlier commit's, run alternately on the
+# same machine in the same hour, so that a change of the machine is not mistaken for a change of
+# the code.
 #
 # Usage: scripts/bench-compare.sh [--rounds N] [--scenarios a,b] REF [bench flags…]
 #
-# Builds REF's cmd/bench in a git worktree under .cache/bench-compare/ (kept for the next run) and
-# this tree's cmd/bench (uncommitted changes included), then, scenario by scenario, runs them in
-# turn — ref, current, ref, current … — N rounds (default 3), each run with the same bench flags and
-# its own --json file. Prints per scenario, for each figure both builds report, the ratio
-# current/ref of each round's medians (its median and range over the rounds), and each run's own
-# ratios to stock Watermill. Scenarios default to drain,consumer; a --scenario among the bench
-# flags names them instead (comma-separated). Outputs stay in bench-results/compare-<time>/.
+# Builds REF's bench in a git worktree under .cache/bench-compare/ (kept for the next run) and this
+# tree's (uncommitted changes included), then, scenario by scenario, runs them in turn — ref,
+# current, ref, current … — N rounds (default 3), each run with the same bench flags and its own
+# --json file. Prints per scenario, for each figure both builds report, the ratio current/ref of
+# each round's medians (its median and range over the rounds), and each run's own ratios to stock
+# Watermill. Scenarios default to drain,consumer; a --scenario among the bench flags names them
+# instead (comma-separated). Outputs stay in bench-results/compare-<time>/.
 set -euo pipefail
 
 rounds=3
@@ -61,13 +62,25 @@ if [ ! -e "$tree/.git" ]; then
   git worktree prune
   git worktree add --detach --quiet "$tree" "$sha"
 fi
-echo "building ref $short's cmd/bench in $tree"
-(cd "$tree" && go build -o "$cache/bin/bench-$short" ./cmd/bench)
+# Commits before the harnesses left cmd/ have the bench at cmd/bench: build whichever REF has.
+ref_pkg=""
+for pkg in internal/cmd/bench cmd/bench; do
+  if git cat-file -e "$sha:$pkg/main.go" 2>/dev/null; then
+    ref_pkg=$pkg
+    break
+  fi
+done
+if [ -z "$ref_pkg" ]; then
+  echo "bench-compare: $short has no bench (neither internal/cmd/bench nor cmd/bench)" >&2
+  exit 2
+fi
+echo "building ref $short's $ref_pkg in $tree"
+(cd "$tree" && go build -o "$cache/bin/bench-$short" "./$ref_pkg")
 
 current=$(git rev-parse --short=7 HEAD)
 [ -z "$(git status --porcelain --untracked-files=no)" ] || current="$current+changes"
-echo "building current ($current) cmd/bench"
-go build -o "$cache/bin/bench-current" ./cmd/bench
+echo "building current ($current) internal/cmd/bench"
+go build -o "$cache/bin/bench-current" ./internal/cmd/bench
 
 out=$root/bench-results/compare-$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$out"
@@ -96,7 +109,7 @@ for sc in "${names[@]}"; do
   done
 done
 
-go run ./scripts/benchpair --scenarios "$scenarios" --ref "$short" --current "$current" "$out" | tee "$out/ratios.txt"
+go run ./internal/cmd/benchpair --scenarios "$scenarios" --ref "$short" --current "$current" "$out" | tee "$out/ratios.txt"
 if [ -n "$failed" ]; then
   echo "bench-compare: runs that failed:$failed" >&2
   exit 1

@@ -116,7 +116,7 @@ func TestReportRejectsABrokenRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := report(&strings.Builder{}, dir, nil, "r", "c")
-	if err == nil || !strings.Contains(err.Error(), "not a cmd/bench JSON file") {
+	if err == nil || !strings.Contains(err.Error(), "not a bench JSON file") {
 		t.Fatalf("err = %v, want one naming the broken file", err)
 	}
 }

@@ -1,11 +1,11 @@
-// Command benchpair prints the paired ratios of two builds of cmd/bench run alternately, round by
+// Command benchpair prints the paired ratios of two builds of internal/cmd/bench run alternately, round by
 // round, as scripts/bench-compare.sh runs them. It reads DIR/<scenario>/round<N>-ref.json and
-// DIR/<scenario>/round<N>-current.json (the files cmd/bench writes with --json) and prints, per
+// DIR/<scenario>/round<N>-current.json (the files the bench writes with --json) and prints, per
 // scenario and per figure both builds report, the ratio current/ref of each round's medians, with
 // the median and range of those ratios over the rounds, and each run's own ratios to stock
 // Watermill when the bench reports them.
 //
-//	go run ./scripts/benchpair --scenarios drain,consumer --ref 2adf07f --current 1a2b3c4 DIR
+//	go run ./internal/cmd/benchpair --scenarios drain,consumer --ref 2adf07f --current 1a2b3c4 DIR
 package main
 
 import (
@@ -22,7 +22,7 @@ import (
 	"strings"
 )
 
-// series is one figure as cmd/bench writes it: every repetition of one run.
+// series is one figure as the bench writes it: every repetition of one run.
 type series struct {
 	Name   string    `json:"name"`
 	Unit   string    `json:"unit"`
@@ -139,7 +139,7 @@ func readRun(path string) (map[string]series, error) {
 	}
 	var r run
 	if err := json.Unmarshal(raw, &r); err != nil {
-		return nil, fmt.Errorf("%s is not a cmd/bench JSON file: %w", path, err)
+		return nil, fmt.Errorf("%s is not a bench JSON file: %w", path, err)
 	}
 	m := make(map[string]series, len(r.Series))
 	for _, s := range r.Series {

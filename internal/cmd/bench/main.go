@@ -2,9 +2,9 @@
 // against the local Postgres and RabbitMQ. Every figure is the median of several repetitions;
 // every comparison is a ratio of two figures measured in the same round.
 //
-//	go run ./cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|idle|console|log|all] [--reps 3]
-//	                   [--store postgres|mysql|sqlite] (the drain and write scenarios' store)
-//	                   [--json bench-results/bench.json] [--compare an-earlier-run.json]
+//	go run ./internal/cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|idle|console|log|all] [--reps 3]
+//	                            [--store postgres|mysql|sqlite] (the drain and write scenarios' store)
+//	                            [--json bench-results/bench.json] [--compare an-earlier-run.json]
 package main
 
 import (

@@ -8,7 +8,7 @@
 // charge and its commit. After a bounded drain an invariant checker reads the databases and the
 // run prints its failure matrix; it exits 1 on any violation.
 //
-//	go run ./cmd/chaos [--store postgres|mysql|sqlite] [--broker amqp|kafka|nats|redis] [--duration 2m] [--rate 20]
+//	go run ./internal/cmd/chaos [--store postgres|mysql|sqlite] [--broker amqp|kafka|nats|redis] [--duration 2m] [--rate 20]
 //
 // Everything it creates is its own and is removed at the end (--keep keeps it): a Postgres schema
 // or MySQL database (and a MySQL user) or SQLite files, a RabbitMQ vhost, NATS stream or Redis
