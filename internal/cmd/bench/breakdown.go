@@ -47,8 +47,8 @@ type roundTimes struct {
 
 // relayHook, when a build sets it, has the log relay report when its reader decoded each event and
 // how long each publish round took. Set by a local, unlanded patch of forwarder/pglog (see
-// docs/bench/2026-12-02-latency-breakdown.txt); nil otherwise, and stage (a) and (b) are then
-// reported together.
+// results/2026-12-02-latency-breakdown.txt); nil otherwise, and stage (a) and (b) are then reported
+// together.
 var relayHook func(*stageClock) (unhook func())
 
 func newStageClock() *stageClock { return &stageClock{ev: map[string]*stamps{}} }

@@ -5,8 +5,8 @@ package main
 import "time"
 
 // The relay-side hooks of the breakdown: only the measurement patch of
-// docs/bench/2026-12-02-latency-breakdown.txt calls them (built with -tags latpatch, with that
-// patch applied to forwarder/pglog); without it the breakdown reports stages (a) and (b) together.
+// results/2026-12-02-latency-breakdown.txt calls them (built with -tags latpatch, with that patch
+// applied to forwarder/pglog); without it the breakdown reports stages (a) and (b) together.
 
 func (c *stageClock) relayReceived(uuid string) {
 	now := time.Now()
