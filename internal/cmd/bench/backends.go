@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -13,7 +11,6 @@ import (
 
 	"github.com/outboxkit/outboxkit/backends"
 	_ "github.com/outboxkit/outboxkit/backends/allbackends" // every broker URL
-	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/topics"
 	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
@@ -54,25 +51,6 @@ func benchBackends(ctx context.Context, c config) ([]series, error) {
 	return all, nil
 }
 
-// countingPublisher counts the messages the broker accepted and says when n were.
-type countingPublisher struct {
-	message.Publisher
-	n    int64
-	got  atomic.Int64
-	once sync.Once
-	done chan struct{}
-}
-
-func (p *countingPublisher) Publish(topic string, msgs ...*message.Message) error {
-	if err := p.Publisher.Publish(topic, msgs...); err != nil {
-		return err
-	}
-	if p.got.Add(int64(len(msgs))) >= p.n {
-		p.once.Do(func() { close(p.done) })
-	}
-	return nil
-}
-
 func drainBackend(ctx context.Context, c config, pool *pgxpool.Pool, url string, rep int) (float64, error) {
 	scheme := strings.SplitN(url, ":", 2)[0]
 	schema, drop, err := newSchema(ctx, pool, fmt.Sprintf("bench_%s_%d", scheme, rep))
@@ -101,35 +79,7 @@ func drainBackend(ctx context.Context, c config, pool *pgxpool.Pool, url string,
 		}
 		_ = sub.Close()
 	}
-	pub := &countingPublisher{Publisher: b.Publisher, n: int64(c.events), done: make(chan struct{})}
+	pub := newCountingPublisher(b.Publisher, c.events)
 	outbox := storeIn(pool, schema, pgxstore.Config{})
-	relay, err := forwarder.New(forwarder.Config{Store: outbox, Publisher: pub, Name: "bench",
-		BatchSize: c.batch, MaxInFlight: c.inFlight, Retention: forwarder.Retention{Keep: true}})
-	if err != nil {
-		return 0, err
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan struct{})
-	start := time.Now()
-	go func() { defer close(done); _ = relay.Run(runCtx) }()
-	defer func() { cancel(); <-done }()
-	select {
-	case <-pub.done:
-	case <-time.After(5 * time.Minute):
-		return 0, fmt.Errorf("only %d of %d events published within 5m", pub.got.Load(), c.events)
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	for { // published is not drained until the rows are marked
-		s, err := outbox.OutboxStats(ctx, time.Now())
-		if err != nil {
-			return 0, err
-		}
-		if s.Pending == 0 {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return rate(c.events, time.Since(start)), nil
+	return drainMarked(ctx, c, outbox, pub, func() error { return pub.wait(ctx, 5*time.Minute) })
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -282,35 +281,17 @@ func consumeOnce(ctx context.Context, c config, pool *pgxpool.Pool, schema, kind
 			}
 		}}, stack...)...)
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	errc := make(chan error, 1)
-	start := time.Now()
-	if len(runners) == 0 {
-		go func() { errc <- router.Run(runCtx) }()
-	} else {
-		errc <- nil // every consumer runs on its own
+	if len(runners) == 0 { // else every consumer runs on its own
+		runners = []func(context.Context) error{router.Run}
 	}
-	var runnersDone sync.WaitGroup
-	for _, r := range runners {
-		runnersDone.Add(1)
-		go func() { defer runnersDone.Done(); _ = r(runCtx) }()
-	}
-	select {
-	case <-finished:
-	case <-time.After(5 * time.Minute):
-		return 0, fmt.Errorf("only %d of %d messages consumed", done.Load(), n)
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	}
-	elapsed := time.Since(start)
-	cancel()
-	<-errc
-	runnersDone.Wait()
-	for _, cl := range closers {
-		_ = cl()
-	}
-	return rate(n, elapsed), nil
+	defer func() {
+		for _, cl := range closers {
+			_ = cl()
+		}
+	}()
+	return timedDrain{events: n, run: runners, arrived: func() error {
+		return waitFor(ctx, finished, 5*time.Minute, func() error { return fmt.Errorf("only %d of %d messages consumed", done.Load(), n) })
+	}}.rate(ctx)
 }
 
 func declareQueues(url string, topics []string, group string) error {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -19,7 +18,6 @@ import (
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends/amqpbackend"
-	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
@@ -154,17 +152,15 @@ func newCounter(url, topic string, n int) (*counter, error) {
 }
 
 func (c *counter) wait(ctx context.Context, within time.Duration) error {
-	select {
-	case <-c.done:
-		if err, _ := c.orderErr.Load().(error); err != nil {
-			return fmt.Errorf("per-key order broken: %w", err)
-		}
-		return nil
-	case <-time.After(within):
+	if err := waitFor(ctx, c.done, within, func() error {
 		return fmt.Errorf("only %d of %d messages arrived within %s", c.got.Load(), c.n, within)
-	case <-ctx.Done():
-		return ctx.Err()
+	}); err != nil {
+		return err
 	}
+	if err, _ := c.orderErr.Load().(error); err != nil {
+		return fmt.Errorf("per-key order broken: %w", err)
+	}
+	return nil
 }
 
 func (c *counter) close() {
@@ -247,35 +243,20 @@ func drainOutboxkit(ctx context.Context, c config, pool *pgxpool.Pool, rep int) 
 		return 0, err
 	}
 	defer cnt.close()
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var wg sync.WaitGroup
-	relays := make([]*forwarder.Forwarder, max(1, c.relays))
-	for i := range relays {
+	drain := timedDrain{events: c.events, arrived: func() error { return cnt.wait(ctx, 5*time.Minute) }}
+	for i := range max(1, c.relays) {
 		pub, err := amqpbackend.NewPublisher(amqpbackend.PublisherConfig{URL: c.brokerURL})
 		if err != nil {
 			return 0, err
 		}
 		defer pub.Close()
-		relays[i], err = forwarder.New(forwarder.Config{Store: storeIn(pool, schema, pgxstore.Config{}), Publisher: pub, Name: fmt.Sprint("bench-", i),
-			BatchSize: c.batch, MaxInFlight: c.inFlight, Retention: forwarder.Retention{Keep: true}})
+		relay, err := drainRelay(c, storeIn(pool, schema, pgxstore.Config{}), pub, fmt.Sprint("bench-", i))
 		if err != nil {
 			return 0, err
 		}
+		drain.run = append(drain.run, relay.Run)
 	}
-	start := time.Now()
-	for _, relay := range relays {
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = relay.Run(runCtx) }()
-	}
-	err = cnt.wait(ctx, 5*time.Minute)
-	elapsed := time.Since(start)
-	cancel()
-	wg.Wait()
-	if err != nil {
-		return 0, err
-	}
-	return rate(c.events, elapsed), nil
+	return drain.rate(ctx)
 }
 
 // preloadOutboxkit writes c.events events into the outbox in schema, in transactions of 1,000,
@@ -283,7 +264,7 @@ func drainOutboxkit(ctx context.Context, c config, pool *pgxpool.Pool, rep int) 
 // messages. Writers wake nobody unless cfg asks them to.
 func preloadOutboxkit(ctx context.Context, pool *pgxpool.Pool, schema, topic string, c config, cfg pgxstore.Config) error {
 	st := storeIn(pool, schema, cfg)
-	for start := 0; start < c.events; start += 1000 {
+	return preloadEvents(c, func(msgs []*message.Message) error {
 		tx, err := pool.Begin(ctx)
 		if err != nil {
 			return err
@@ -292,20 +273,12 @@ func preloadOutboxkit(ctx context.Context, pool *pgxpool.Pool, schema, topic str
 		if err != nil {
 			return err
 		}
-		var msgs []*message.Message
-		for i := start; i < min(start+1000, c.events); i++ {
-			body, key := payload(i, c.keys)
-			msgs = append(msgs, pipeline.NewEvent("OrderPlaced", key, body))
-		}
 		if err := pub.Publish(topic, msgs...); err != nil {
 			_ = tx.Rollback(ctx)
 			return err
 		}
-		if err := tx.Commit(ctx); err != nil {
-			return err
-		}
-	}
-	return nil
+		return tx.Commit(ctx)
+	})
 }
 
 // quietRows is the preload's store config for the polling relay: rows, no NOTIFY.
@@ -348,15 +321,8 @@ func drainStock(ctx context.Context, c config, db stockSQL, rep int, tuning stoc
 		return 0, err
 	}
 	envelopes := wforwarder.NewPublisher(sqlPub, wforwarder.PublisherConfig{ForwarderTopic: fwdTopic})
-	for start := 0; start < c.events; start += 1000 {
-		var msgs []*message.Message
-		for i := start; i < min(start+1000, c.events); i++ {
-			body, key := payload(i, c.keys)
-			msgs = append(msgs, pipeline.NewEvent("OrderPlaced", key, body))
-		}
-		if err := envelopes.Publish(topic, msgs...); err != nil {
-			return 0, err
-		}
+	if err := preloadEvents(c, func(msgs []*message.Message) error { return envelopes.Publish(topic, msgs...) }); err != nil {
+		return 0, err
 	}
 
 	cnt, err := newCounter(c.brokerURL, topic, c.events)
@@ -386,18 +352,10 @@ func drainStock(ctx context.Context, c config, db stockSQL, rep int, tuning stoc
 	if err != nil {
 		return 0, err
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	start := time.Now()
-	go func() { defer wg.Done(); _ = fwd.Run(runCtx) }()
-	err = cnt.wait(ctx, 10*time.Minute)
-	elapsed := time.Since(start)
-	cancel()
-	_ = fwd.Close()
-	wg.Wait()
-	if err != nil {
-		return 0, err
-	}
-	return rate(c.events, elapsed), nil
+	return timedDrain{
+		events:  c.events,
+		run:     []func(context.Context) error{fwd.Run},
+		stop:    func() { _ = fwd.Close() },
+		arrived: func() error { return cnt.wait(ctx, 10*time.Minute) },
+	}.rate(ctx)
 }

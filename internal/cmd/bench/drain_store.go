@@ -13,7 +13,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 
 	"github.com/outboxkit/outboxkit/backends"
-	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store"
 	_ "github.com/outboxkit/outboxkit/store/allstores" // every database URL
@@ -102,79 +101,39 @@ func drainStoreOnce(ctx context.Context, c config, dbURL, brokerURL string, rep 
 		defer db.SQL.Exec("DROP DATABASE `" + schema + "`") //nolint:errcheck
 	}
 	topic := "bench.store." + schema
-	for start := 0; start < c.events; start += 1000 {
+	if err := preloadEvents(c, func(msgs []*message.Message) error {
 		tx, err := db.SQL.BeginTx(ctx, nil)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		pub, err := pipeline.NewPublisher(db, tx, pipeline.PublisherConfig{})
 		if err != nil {
-			return 0, err
-		}
-		var msgs []*message.Message
-		for i := start; i < min(start+1000, c.events); i++ {
-			body, key := payload(i, c.keys)
-			msgs = append(msgs, pipeline.NewEvent("OrderPlaced", key, body))
+			return err
 		}
 		if err := pub.Publish(topic, msgs...); err != nil {
 			_ = tx.Rollback()
-			return 0, err
+			return err
 		}
-		if err := tx.Commit(); err != nil {
-			return 0, err
-		}
+		return tx.Commit()
+	}); err != nil {
+		return 0, err
 	}
 	b, err := backends.Open(ctx, brokerURL, backends.Options{})
 	if err != nil {
 		return 0, err
 	}
 	defer b.Close()
-	pub := &countingPublisher{Publisher: b.Publisher, n: int64(c.events), done: make(chan struct{})}
-	wait := func() error {
-		select {
-		case <-pub.done:
-			return nil
-		case <-time.After(5 * time.Minute):
-			return fmt.Errorf("only %d of %d events published within 5m", pub.got.Load(), c.events)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
+	pub := newCountingPublisher(b.Publisher, c.events)
+	published := func() error { return pub.wait(ctx, 5*time.Minute) }
 	if strings.HasPrefix(brokerURL, "amqp") { // counted where they arrive, in order
 		cnt, err := newCounter(brokerURL, topic, c.events)
 		if err != nil {
 			return 0, err
 		}
 		defer cnt.close()
-		wait = func() error { return cnt.wait(ctx, 5*time.Minute) }
+		published = func() error { return cnt.wait(ctx, 5*time.Minute) }
 	}
-	relay, err := forwarder.New(forwarder.Config{Store: db, Publisher: pub, Name: "bench",
-		BatchSize: c.batch, MaxInFlight: c.inFlight, Retention: forwarder.Retention{Keep: true}})
-	if err != nil {
-		return 0, err
-	}
-	runCtx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	start := time.Now()
-	go func() { defer close(done); _ = relay.Run(runCtx) }()
-	defer func() { cancel(); <-done }()
-	if err := wait(); err != nil {
-		return 0, err
-	}
-	for { // not drained until the rows are marked
-		s, err := db.OutboxStats(ctx, time.Now())
-		if err != nil {
-			return 0, err
-		}
-		if s.Pending == 0 {
-			return rate(c.events, time.Since(start)), nil
-		}
-		select {
-		case <-ctx.Done():
-			return 0, ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
+	return drainMarked(ctx, c, db, pub, published)
 }
 
 // drainStockMySQL is drainStock on MySQL: a watermill-sql topic with the MySQL schema, drained by

@@ -443,12 +443,10 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 	if _, err := e2eOffer(ctx, pool, writer, topic, fwdTopic, impl, 0, warmN, rate, &warm); err != nil {
 		return e2eResult{}, err
 	}
-	select {
-	case <-warmDone:
-	case <-time.After(60 * time.Second):
-		return e2eResult{}, fmt.Errorf("warm-up: %d of %d effects after 60s", effects.Load(), warmN)
-	case <-ctx.Done():
-		return e2eResult{}, ctx.Err()
+	if err := waitFor(ctx, warmDone, 60*time.Second, func() error {
+		return fmt.Errorf("warm-up: %d of %d effects after 60s", effects.Load(), warmN)
+	}); err != nil {
+		return e2eResult{}, err
 	}
 	s0 := stmts.n.Load()
 	writeTime, err := e2eOffer(ctx, pool, writer, topic, fwdTopic, impl, warmN, total, rate, &committed)

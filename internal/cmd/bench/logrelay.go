@@ -189,8 +189,7 @@ func logDrain(ctx context.Context, c config, pool *pgxpool.Pool, rep int, mode s
 		return f, err
 	}
 	defer pub.Close()
-	fwd, err := forwarder.New(forwarder.Config{Store: storeIn(relayPool, schema, pgxstore.Config{}), Publisher: pub, Name: "bench",
-		BatchSize: c.batch, MaxInFlight: c.inFlight, Retention: forwarder.Retention{Keep: true}})
+	fwd, err := drainRelay(c, storeIn(relayPool, schema, pgxstore.Config{}), pub, "bench")
 	if err != nil {
 		return f, err
 	}
@@ -228,39 +227,34 @@ func logDrain(ctx context.Context, c config, pool *pgxpool.Pool, rep int, mode s
 	if err != nil {
 		return f, err
 	}
-	runCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	done := make(chan error, 1)
-	start := time.Now()
-	reading := fwd.Running()
+	run, reading := fwd.Run, fwd.Running()
 	if relay != nil {
-		reading = relay.Reading()
-		go func() { done <- relay.Run(runCtx) }()
-	} else {
-		go func() { done <- fwd.Run(runCtx) }()
+		run, reading = relay.Run, relay.Reading()
 	}
-	if err := started(reading, mode+" relay"); err != nil {
-		cancel()
-		<-done
-		return f, err
-	}
-	s0 := stmts.n.Load() // its start-up's statements are behind
-	if err := cnt.wait(ctx, 5*time.Minute); err != nil {
-		cancel()
-		<-done
-		return f, err
-	}
-	f.rate = rate(c.events, time.Since(start))
-	// Idle: the backlog is published; what does the relay cost while nothing is written?
-	time.Sleep(2 * time.Second) // its last flush and confirmation
-	s1 := stmts.n.Load()
-	f.relayStmts = float64(s1-s0) / float64(c.events)
-	cpu0, t0 := cpuSeconds(), time.Now()
-	time.Sleep(c.logIdle)
-	f.idleCores = (cpuSeconds() - cpu0) / time.Since(t0).Seconds()
-	f.idleStmts = float64(stmts.n.Load()-s1) / time.Since(t0).Seconds()
-	cancel()
-	if err := <-done; err != nil {
+	var s0 int64
+	f.rate, err = timedDrain{
+		events: c.events,
+		run:    []func(context.Context) error{run},
+		arrived: func() error {
+			if err := started(reading, mode+" relay"); err != nil {
+				return err
+			}
+			s0 = stmts.n.Load() // its start-up's statements are behind
+			return cnt.wait(ctx, 5*time.Minute)
+		},
+		// The backlog is published: what does the relay cost while nothing is written?
+		atRest: func() error {
+			time.Sleep(2 * time.Second) // its last flush and confirmation
+			s1 := stmts.n.Load()
+			f.relayStmts = float64(s1-s0) / float64(c.events)
+			cpu0, t0 := cpuSeconds(), time.Now()
+			time.Sleep(c.logIdle)
+			f.idleCores = (cpuSeconds() - cpu0) / time.Since(t0).Seconds()
+			f.idleStmts = float64(stmts.n.Load()-s1) / time.Since(t0).Seconds()
+			return nil
+		},
+	}.rate(ctx)
+	if err != nil {
 		return f, err
 	}
 	x1, err := xacts(ctx, pool)
