@@ -98,7 +98,7 @@ func drainStoreOnce(ctx context.Context, c config, dbURL, brokerURL string, rep 
 		return 0, err
 	}
 	if db.Dialect == "mysql" {
-		defer db.SQL.Exec("DROP DATABASE `" + schema + "`") //nolint:errcheck
+		defer func() { _, _ = db.SQL.Exec("DROP DATABASE `" + schema + "`") }()
 	}
 	topic := "bench.store." + schema
 	if err := preloadEvents(c, func(msgs []*message.Message) error {

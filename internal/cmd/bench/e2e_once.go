@@ -65,7 +65,9 @@ func e2eOnce(ctx context.Context, c config, pool *pgxpool.Pool, impl e2eImpl, ra
 		}
 		defer stop()
 	}
-	defer pool.Exec(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS "watermill_%s", "watermill_offsets_%s"`, fwdTopic, fwdTopic)) //nolint:errcheck
+	defer func() {
+		_, _ = pool.Exec(context.Background(), fmt.Sprintf(`DROP TABLE IF EXISTS "watermill_%s", "watermill_offsets_%s"`, fwdTopic, fwdTopic))
+	}()
 	// The relay's own pool, its statements counted.
 	relayPool, stmts, err := countingPool(ctx, pool)
 	if err != nil {

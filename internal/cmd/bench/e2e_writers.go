@@ -60,7 +60,7 @@ func e2eWrite(ctx context.Context, pool *pgxpool.Pool, writer *pgxstore.Store, t
 	if err != nil {
 		return err
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer func() { _ = tx.Rollback(ctx) }()
 	var id int64
 	if err := tx.QueryRow(ctx, `INSERT INTO `+writer.Info().Schema+`.orders (customer) VALUES ($1) RETURNING id`, fmt.Sprint("c-", i%97)).Scan(&id); err != nil {
 		return err

@@ -45,7 +45,7 @@ func floorCommit(ctx context.Context, url string, perSec int, d time.Duration) (
 	if _, err := pool.Exec(ctx, `DROP TABLE IF EXISTS bench_floor; CREATE TABLE bench_floor (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, v text NOT NULL)`); err != nil {
 		return nil, err
 	}
-	defer pool.Exec(context.Background(), `DROP TABLE IF EXISTS bench_floor`) //nolint:errcheck
+	defer func() { _, _ = pool.Exec(context.Background(), `DROP TABLE IF EXISTS bench_floor`) }()
 	commit := stage{name: "Postgres COMMIT of one small INSERT (4 clients)"}
 	whole := stage{name: "Postgres BEGIN + INSERT + COMMIT (4 clients)"}
 	var mu sync.Mutex
@@ -125,7 +125,7 @@ func floorBroker(ctx context.Context, url string, perSec int, d time.Duration) (
 	if _, err := pch.QueueDeclare(queue, true, false, false, false, nil); err != nil {
 		return nil, err
 	}
-	defer pch.QueueDelete(queue, false, false, false) //nolint:errcheck
+	defer func() { _, _ = pch.QueueDelete(queue, false, false, false) }()
 	cch, err := cconn.Channel()
 	if err != nil {
 		return nil, err

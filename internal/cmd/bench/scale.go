@@ -131,7 +131,7 @@ func insertPending(ctx context.Context, pool *pgxpool.Pool, schema string, n, ke
 	if err != nil {
 		return err
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer func() { _ = tx.Rollback(ctx) }()
 	pub, err := pipeline.NewPublisher(storeIn(pool, schema, pgxstore.Config{DisableNotify: true}), tx, pipeline.PublisherConfig{})
 	if err != nil {
 		return err
