@@ -173,10 +173,10 @@ func pages(t *testing.T, rootDir string) []string {
 
 // A page is a markdown file split into what the checks read.
 type page struct {
-	path   string   // relative to the root, with slashes
-	paras  []para   // prose outside fenced blocks: runs of non-blank lines
-	blocks []block  // fenced code blocks
-	dirs   []direct // <!-- go: … --> comments
+	path     string   // relative to the root, with slashes
+	paras    []para   // prose outside fenced blocks: runs of non-blank lines
+	blocks   []block  // fenced code blocks
+	problems []string // what makes its blocks unreadable: TestGoSnippets reports them
 }
 
 type para struct {
@@ -195,7 +195,6 @@ type direct struct {
 	line    int
 	imports []importSpec
 	given   []string
-	used    bool
 }
 
 type importSpec struct{ name, path string }
@@ -207,12 +206,15 @@ var (
 
 func readPage(t *testing.T, rootDir, rel string) *page {
 	t.Helper()
+	pg := &page{path: rel}
+	problem := func(line int, format string, args ...any) {
+		pg.problems = append(pg.problems, fmt.Sprintf("%s:%d: ", rel, line)+fmt.Sprintf(format, args...))
+	}
 	data, err := os.ReadFile(filepath.Join(rootDir, filepath.FromSlash(rel)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	lines := strings.Split(strings.ReplaceAll(string(data), "\r\n", "\n"), "\n")
-	pg := &page{path: rel}
 	var (
 		cur     *para
 		pending *direct // a directive waiting for its block
@@ -225,7 +227,7 @@ func readPage(t *testing.T, rootDir, rel string) *page {
 	}
 	for i := 0; i < len(lines); i++ {
 		ln := lines[i]
-		if m := fenceRe.FindStringSubmatch(ln); m != nil {
+		if m := fenceRe.FindStringSubmatch(ln); m != nil && isFence(ln, m) {
 			flush()
 			indent, fence, lang := len(m[1]), m[2], m[3]
 			b := block{line: i + 1, lang: lang, dir: pending}
@@ -247,7 +249,7 @@ func readPage(t *testing.T, rootDir, rel string) *page {
 				code = append(code, l[n:])
 			}
 			if !closed {
-				t.Errorf("%s:%d: a code block is never closed", rel, b.line)
+				problem(b.line, "a code block is never closed")
 			}
 			b.code = strings.Join(code, "\n")
 			pg.blocks = append(pg.blocks, b)
@@ -256,11 +258,11 @@ func readPage(t *testing.T, rootDir, rel string) *page {
 		if m := directiveRe.FindStringSubmatch(ln); m != nil {
 			flush()
 			if pending != nil {
-				t.Errorf("%s:%d: a <!-- go: … --> directive with no ```go block under it", rel, pending.line)
+				problem(pending.line, "a <!-- go: … --> directive with no ```go block under it")
 			}
 			d, err := parseDirective(m[1])
 			if err != nil {
-				t.Errorf("%s:%d: %v", rel, i+1, err)
+				problem(i+1, "%v", err)
 			}
 			d.line = i + 1
 			pending = d
@@ -271,7 +273,7 @@ func readPage(t *testing.T, rootDir, rel string) *page {
 			continue
 		}
 		if pending != nil {
-			t.Errorf("%s:%d: a <!-- go: … --> directive must stand right above its ```go block (only blank lines between)", rel, pending.line)
+			problem(pending.line, "a <!-- go: … --> directive must stand right above its ```go block (only blank lines between)")
 			pending = nil
 		}
 		if cur == nil {
@@ -282,14 +284,21 @@ func readPage(t *testing.T, rootDir, rel string) *page {
 	}
 	flush()
 	if pending != nil {
-		t.Errorf("%s:%d: a <!-- go: … --> directive with no ```go block under it", rel, pending.line)
+		problem(pending.line, "a <!-- go: … --> directive with no ```go block under it")
 	}
 	for _, b := range pg.blocks {
 		if b.dir != nil && b.lang != "go" {
-			t.Errorf("%s:%d: a <!-- go: … --> directive above a ```%s block, not a ```go one", rel, b.dir.line, b.lang)
+			problem(b.dir.line, "a <!-- go: … --> directive above a ```%s block, not a ```go one", b.lang)
 		}
 	}
 	return pg
+}
+
+// isFence reports whether a line fenceRe matched opens or closes a fenced block: after a backtick
+// fence, the rest of the line holds no backtick (CommonMark), or it is inline code.
+func isFence(ln string, m []string) bool {
+	rest := ln[len(m[1])+len(m[2]):]
+	return m[2][0] != '`' || !strings.Contains(rest, "`")
 }
 
 // parseDirective reads "imports a/b, name c/d; given ctx, db".
@@ -432,7 +441,7 @@ func anchors(data string) map[string]bool {
 	seen := map[string]int{}
 	inFence := ""
 	for ln := range strings.SplitSeq(data, "\n") {
-		if m := fenceRe.FindStringSubmatch(ln); m != nil {
+		if m := fenceRe.FindStringSubmatch(ln); m != nil && isFence(ln, m) {
 			switch {
 			case inFence == "":
 				inFence = m[2][:1]
@@ -585,7 +594,11 @@ func TestGoSnippets(t *testing.T) {
 	rootDir := root(t)
 	var snippets []snippet
 	for _, rel := range pages(t, rootDir) {
-		for _, b := range readPage(t, rootDir, rel).blocks {
+		pg := readPage(t, rootDir, rel)
+		for _, p := range pg.problems {
+			t.Error(p)
+		}
+		for _, b := range pg.blocks {
 			if b.lang == "go" {
 				snippets = append(snippets, snippet{page: rel, block: b, pkg: fmt.Sprintf("s%03d", len(snippets))})
 			}
@@ -617,9 +630,6 @@ func TestGoSnippets(t *testing.T) {
 			continue
 		}
 		write(t, path, src)
-	}
-	if t.Failed() {
-		return
 	}
 
 	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
@@ -928,6 +938,7 @@ func statements(body string) string {
 
 // An api is what one package declares at its top level, read from its source (tests excluded).
 type api struct {
+	path  string // import path
 	names map[string]bool
 	types map[string]*typeInfo
 }
@@ -938,11 +949,14 @@ type typeInfo struct {
 	file     *ast.File
 }
 
-// apis reads every package of the module that a program may import (not internal/, cmd/ or a
-// testdata directory), by package name: a name two packages share is left out, being ambiguous.
-func apis(t *testing.T, rootDir string) map[string]*api {
+// apis reads every package of the module (not its testdata, nor a module nested in it), by import
+// path; named maps the package name a reader writes (pipeline, pglog) to the import path, for the
+// packages a program may import (not internal/, cmd/ or integration/), leaving out a name two
+// such packages share.
+func apis(t *testing.T, rootDir string) (byPath map[string]*api, named map[string]string) {
 	t.Helper()
-	byName := map[string]*api{}
+	byPath = map[string]*api{}
+	named = map[string]string{}
 	shared := map[string]bool{}
 	err := filepath.WalkDir(rootDir, func(p string, d os.DirEntry, err error) error {
 		if err != nil {
@@ -954,7 +968,7 @@ func apis(t *testing.T, rootDir string) map[string]*api {
 		rel, _ := filepath.Rel(rootDir, p)
 		rel = filepath.ToSlash(rel)
 		base := d.Name()
-		if rel != "." && (strings.HasPrefix(base, ".") || strings.HasPrefix(base, "_") || base == "testdata" || base == "internal" || base == "cmd" || base == "integration") {
+		if rel != "." && (strings.HasPrefix(base, ".") || strings.HasPrefix(base, "_") || base == "testdata") {
 			return filepath.SkipDir
 		}
 		if rel != "." {
@@ -962,31 +976,44 @@ func apis(t *testing.T, rootDir string) map[string]*api {
 				return filepath.SkipDir // a module of its own
 			}
 		}
-		a, name := readAPI(t, p)
+		path := module
+		if rel != "." {
+			path += "/" + rel
+		}
+		a, name := readAPI(t, p, path)
 		if a == nil {
 			return nil
 		}
-		if _, dup := byName[name]; dup {
-			shared[name] = true
+		byPath[path] = a
+		public := true
+		for _, elem := range strings.Split(rel, "/") {
+			if elem == "internal" || elem == "cmd" || elem == "integration" {
+				public = false
+			}
 		}
-		byName[name] = a
+		if public {
+			if _, dup := named[name]; dup {
+				shared[name] = true
+			}
+			named[name] = path
+		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	for name := range shared {
-		delete(byName, name)
+		delete(named, name)
 	}
-	return byName
+	return byPath, named
 }
 
-func readAPI(t *testing.T, dir string) (*api, string) {
+func readAPI(t *testing.T, dir, path string) (*api, string) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &api{names: map[string]bool{}, types: map[string]*typeInfo{}}
+	a := &api{path: path, names: map[string]bool{}, types: map[string]*typeInfo{}}
 	pkgName := ""
 	fset := token.NewFileSet()
 	type method struct{ recv, name string }
@@ -1008,17 +1035,7 @@ func readAPI(t *testing.T, dir string) (*api, string) {
 					a.names[d.Name.Name] = true
 					continue
 				}
-				recv := d.Recv.List[0].Type
-				if st, ok := recv.(*ast.StarExpr); ok {
-					recv = st.X
-				}
-				switch r := recv.(type) {
-				case *ast.IndexExpr:
-					recv = r.X
-				case *ast.IndexListExpr:
-					recv = r.X
-				}
-				if id, ok := recv.(*ast.Ident); ok {
+				if id, ok := baseType(d.Recv.List[0].Type).(*ast.Ident); ok {
 					methods = append(methods, method{id.Name, d.Name.Name})
 				}
 			case *ast.GenDecl:
@@ -1034,18 +1051,15 @@ func readAPI(t *testing.T, dir string) (*api, string) {
 						if sp.Assign.IsValid() {
 							ti.embedded = append(ti.embedded, sp.Type)
 						}
+						var fields *ast.FieldList
 						switch tt := sp.Type.(type) {
 						case *ast.StructType:
-							for _, fl := range tt.Fields.List {
-								if len(fl.Names) == 0 {
-									ti.embedded = append(ti.embedded, fl.Type)
-								}
-								for _, id := range fl.Names {
-									ti.members[id.Name] = true
-								}
-							}
+							fields = tt.Fields
 						case *ast.InterfaceType:
-							for _, fl := range tt.Methods.List {
+							fields = tt.Methods
+						}
+						if fields != nil {
+							for _, fl := range fields.List {
 								if len(fl.Names) == 0 {
 									ti.embedded = append(ti.embedded, fl.Type)
 								}
@@ -1071,10 +1085,25 @@ func readAPI(t *testing.T, dir string) (*api, string) {
 	return a, pkgName
 }
 
-// hasMember reports whether pkg's type typ has member name, through its embedded types and the
-// alias it may be; ok is false when that cannot be told (an embedded type of another module).
-func hasMember(all map[string]*api, pkg, typ, name string, depth int) (has, ok bool) {
-	a := all[pkg]
+// baseType strips a pointer and type arguments: *Store[TTx] → Store.
+func baseType(e ast.Expr) ast.Expr {
+	if st, ok := e.(*ast.StarExpr); ok {
+		e = st.X
+	}
+	switch x := e.(type) {
+	case *ast.IndexExpr:
+		return x.X
+	case *ast.IndexListExpr:
+		return x.X
+	}
+	return e
+}
+
+// hasMember reports whether the type typ of the package at path has member name, through its
+// embedded types and the alias it may be; ok is false when that cannot be told (an embedded type of
+// another module).
+func hasMember(all map[string]*api, path, typ, name string, depth int) (has, ok bool) {
+	a := all[path]
 	if a == nil || depth > 8 {
 		return false, false
 	}
@@ -1087,29 +1116,20 @@ func hasMember(all map[string]*api, pkg, typ, name string, depth int) (has, ok b
 	}
 	ok = true
 	for _, e := range ti.embedded {
-		if st, isStar := e.(*ast.StarExpr); isStar {
-			e = st.X
-		}
-		switch x := e.(type) {
-		case *ast.IndexExpr:
-			e = x.X
-		case *ast.IndexListExpr:
-			e = x.X
-		}
-		var epkg, etyp string
-		switch x := e.(type) {
+		var epath, etyp string
+		switch x := baseType(e).(type) {
 		case *ast.Ident:
-			epkg, etyp = pkg, x.Name
+			epath, etyp = path, x.Name
 		case *ast.SelectorExpr:
 			id, isIdent := x.X.(*ast.Ident)
 			if !isIdent {
 				return false, false
 			}
-			epkg, etyp = importedAs(ti.file, id.Name), x.Sel.Name
+			epath, etyp = importPath(ti.file, id.Name), x.Sel.Name
 		default:
 			return false, false
 		}
-		h, k := hasMember(all, epkg, etyp, name, depth+1)
+		h, k := hasMember(all, epath, etyp, name, depth+1)
 		if h {
 			return true, true
 		}
@@ -1118,9 +1138,9 @@ func hasMember(all map[string]*api, pkg, typ, name string, depth int) (has, ok b
 	return false, ok
 }
 
-// importedAs returns the package name (as apis keys it) that file imports under name, or "" when
-// it is not one of this module's.
-func importedAs(f *ast.File, name string) string {
+// importPath returns the path file imports under name, or "" when it imports nothing of this
+// module under it.
+func importPath(f *ast.File, name string) string {
 	for _, im := range f.Imports {
 		p, _ := strconv.Unquote(im.Path.Value)
 		if p != module && !strings.HasPrefix(p, module+"/") {
@@ -1131,7 +1151,7 @@ func importedAs(f *ast.File, name string) string {
 			as = im.Name.Name
 		}
 		if as == name {
-			return p[strings.LastIndex(p, "/")+1:]
+			return p
 		}
 	}
 	return ""
@@ -1141,10 +1161,10 @@ var apiRefRe = regexp.MustCompile(`(?:^|[^\w.])([a-z][a-z0-9]*)\.([A-Z]\w*)(?:\.
 
 func TestNamedAPI(t *testing.T) {
 	rootDir := root(t)
-	all := apis(t, rootDir)
+	all, named := apis(t, rootDir)
 	for _, name := range []string{"outboxkit", "store", "pipeline", "forwarder", "pglog", "middleware", "backends"} {
-		if all[name] == nil {
-			t.Fatalf("package %s not found among %s: the source reader is broken", name, strings.Join(sortedKeys(all), " "))
+		if named[name] == "" {
+			t.Fatalf("package %s not found among %s: the source reader is broken", name, strings.Join(sortedKeys(named), " "))
 		}
 	}
 	checked := 0
@@ -1155,10 +1175,11 @@ func TestNamedAPI(t *testing.T) {
 				code := pa.text[sp[0]:sp[1]]
 				for _, m := range apiRefRe.FindAllStringSubmatchIndex(code, -1) {
 					pkg, name := code[m[2]:m[3]], code[m[4]:m[5]]
-					a := all[pkg]
-					if a == nil {
+					path := named[pkg]
+					if path == "" {
 						continue // not one of this module's packages
 					}
+					a := all[path]
 					checked++
 					where := fmt.Sprintf("%s:%d: `%s`", rel, pa.lineAt(sp[0]+m[2]), code)
 					if !a.names[name] {
@@ -1172,7 +1193,7 @@ func TestNamedAPI(t *testing.T) {
 					if _, isType := a.types[name]; !isType {
 						continue // a member of a value: its type is not read here
 					}
-					if has, ok := hasMember(all, pkg, name, member, 0); ok && !has {
+					if has, ok := hasMember(all, path, name, member, 0); ok && !has {
 						t.Errorf("%s: %s.%s has no field or method %s", where, pkg, name, member)
 					}
 				}
