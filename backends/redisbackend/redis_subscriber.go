@@ -41,7 +41,12 @@ const (
 	// redisReadBlock bounds one blocking read: an idle subscription asks again this often.
 	redisReadBlock = 250 * time.Millisecond
 	// redisNackDelay is how long a nacked entry waits before it is handed out again.
-	redisNackDelay  = 100 * time.Millisecond
+	redisNackDelay = 100 * time.Millisecond
+	// redisOwnIdle is the smallest idle time of an entry pending under a subscription's own
+	// consumer, and not held by it, that the subscription takes back (see takeBack): longer than a
+	// reply takes from Redis to the subscription, so that an entry on its way is not taken for lost.
+	// Were it taken anyway, it would still be handed out once: both ways in go through held.
+	redisOwnIdle    = time.Second
 	heartbeatSuffix = ".hb"
 )
 
@@ -56,7 +61,9 @@ func aliveKey(group, consumer string) string { return "outboxkit:alive:" + group
 //     or nacked and handed out again, has. middleware.DeliveryCount then writes nothing for a first
 //     delivery that succeeds.
 //   - A killed consumer's pending entries are taken over within seconds (see aliveKey), while a
-//     consumer that is alive, however slow, is never robbed.
+//     consumer that is alive, however slow, is never robbed. A live consumer's pending entries
+//     that its subscription does not hold (their reply lost, their acknowledgement given up) are
+//     handed out again by the subscription itself, within seconds (see takeBack).
 //   - It hands out up to unacked entries before the first is acknowledged, read in batches
 //     (XREADGROUP COUNT), so that a batching consumer (middleware.BatchConsumer) fills its batches;
 //     acknowledgements go out in batches too (XACK of many ids).
@@ -151,8 +158,12 @@ type redisSubscription struct {
 	claimed  chan []redis.XMessage // entries the claimer took over, to hand out before new ones
 	acks     chan string           // ids to acknowledge
 	settling sync.WaitGroup        // goroutines waiting for a verdict
-	inflight sync.Map              // ids handed out and not settled
-	fields   watermill.LogFields
+	// held has the ids of the entries this subscription holds: queued to be handed out, handed
+	// out and not settled, or acknowledged and their XACK not done yet. What is pending under the
+	// consumer and not here has been lost on the way and is taken back (takeBack); an entry is
+	// admitted here once (hold), so however it comes, a second time it is not handed out.
+	held   sync.Map
+	fields watermill.LogFields
 }
 
 func (r *redisSubscription) run(ctx context.Context, stop context.CancelFunc) {
@@ -201,9 +212,8 @@ func (r *redisSubscription) heartbeat(ctx context.Context) error {
 }
 
 // readLoop reads new entries, as many as the window has room for, and hands them out; entries the
-// claimer took over go first.
+// claimer took over or took back go first.
 func (r *redisSubscription) readLoop(ctx context.Context) {
-	pendingFrom := "" // "0" after a failed read: read this consumer's pending entries first
 	for attempt := 1; ; {
 		if !r.acquire(ctx) {
 			return
@@ -236,34 +246,6 @@ func (r *redisSubscription) readLoop(ctx context.Context) {
 			continue
 		default:
 		}
-		if pendingFrom != "" {
-			// After a failed read or ack: this consumer's own pending entries, which Redis counts as
-			// delivered though the reply may never have arrived (a connection cut mid-reply) or whose
-			// XACK was lost. A live consumer is never claimed from, so nobody else would hand them out.
-			xss, err := r.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: r.s.group, Consumer: r.consumer,
-				Streams: []string{r.topic, pendingFrom}, Count: int64(free)}).Result()
-			if err == nil || errors.Is(err, redis.Nil) {
-				var xms []redis.XMessage
-				for _, xs := range xss {
-					xms = append(xms, xs.Messages...)
-				}
-				if len(xms) == 0 {
-					pendingFrom = ""
-					r.release(free)
-					continue
-				}
-				pendingFrom = xms[len(xms)-1].ID
-				fresh := xms[:0]
-				for _, xm := range xms {
-					if _, busy := r.inflight.Load(xm.ID); !busy {
-						fresh = append(fresh, xm)
-					}
-				}
-				free = r.handOut(ctx, fresh, true, free)
-				r.release(free)
-				continue
-			}
-		}
 		xss, err := r.client.XReadGroup(ctx, &redis.XReadGroupArgs{Group: r.s.group, Consumer: r.consumer,
 			Streams: []string{r.topic, ">"}, Count: int64(free), Block: redisReadBlock}).Result()
 		if ctx.Err() != nil {
@@ -271,11 +253,13 @@ func (r *redisSubscription) readLoop(ctx context.Context) {
 			return
 		}
 		if err != nil && !errors.Is(err, redis.Nil) {
+			// What a reply that never arrived held is pending under this consumer: takeBack hands
+			// it out. (A reply cut mid-way is most often not seen here at all: go-redis reads again
+			// on a new connection and returns what that read found.)
 			r.release(free)
 			if strings.HasPrefix(err.Error(), "NOGROUP") { // the stream or group was deleted: make them again
 				_ = r.s.createGroup(ctx, r.topic)
 			}
-			pendingFrom = "0"
 			wait := redisRetry.Delay(attempt)
 			attempt++
 			r.s.logger.Error("Cannot read from the Redis stream, retrying", err, r.fields.Add(watermill.LogFields{"retry_in": wait}))
@@ -288,7 +272,7 @@ func (r *redisSubscription) readLoop(ctx context.Context) {
 		}
 		attempt = 1
 		for _, xs := range xss {
-			free = r.handOut(ctx, xs.Messages, false, free)
+			free = r.handOut(ctx, r.hold(xs.Messages), false, free)
 		}
 		r.release(free)
 	}
@@ -313,12 +297,25 @@ func (r *redisSubscription) release(n int) {
 	}
 }
 
-// handOut hands entries over in order, each with one of the free slots (entries beyond them wait
-// for slots); it returns the slots left unused.
-func (r *redisSubscription) handOut(ctx context.Context, xms []redis.XMessage, redelivered bool, free int) int {
+// hold admits into held the entries not held yet and returns them: those to hand out.
+func (r *redisSubscription) hold(xms []redis.XMessage) []redis.XMessage {
+	fresh := make([]redis.XMessage, 0, len(xms))
 	for _, xm := range xms {
+		if _, already := r.held.LoadOrStore(xm.ID, struct{}{}); !already {
+			fresh = append(fresh, xm)
+		}
+	}
+	return fresh
+}
+
+// handOut hands entries over in order, each with one of the free slots (entries beyond them wait
+// for slots); it returns the slots left unused. The entries are held (hold); those it cannot hand
+// out, the subscription having ended, it lets go.
+func (r *redisSubscription) handOut(ctx context.Context, xms []redis.XMessage, redelivered bool, free int) int {
+	for i, xm := range xms {
 		if free == 0 {
 			if !r.acquire(ctx) {
+				r.letGo(xms[i:])
 				return 0
 			}
 			free = 1
@@ -332,17 +329,22 @@ func (r *redisSubscription) handOut(ctx context.Context, xms []redis.XMessage, r
 		}
 		free--
 		r.settling.Add(1)
-		r.inflight.Store(xm.ID, struct{}{})
 		cancel, ok := r.send(ctx, msg, redelivered)
 		if !ok {
-			r.inflight.Delete(xm.ID)
 			r.settling.Done()
 			r.release(1)
+			r.letGo(xms[i:])
 			return free
 		}
 		go r.settle(ctx, xm.ID, msg, cancel)
 	}
 	return free
+}
+
+func (r *redisSubscription) letGo(xms []redis.XMessage) {
+	for _, xm := range xms {
+		r.held.Delete(xm.ID)
+	}
 }
 
 // send hands msg out, with what ends its context once it is settled (as Watermill's subscribers
@@ -359,18 +361,24 @@ func (r *redisSubscription) send(ctx context.Context, msg *message.Message, rede
 	}
 }
 
-// settle waits for the verdict on msg, handed out: an ack queues its XACK; a nack hands it out
-// again after redisNackDelay. Its slot is freed once it is acknowledged, or when the subscription
-// ends first (the entry stays pending and is taken over).
+// settle waits for the verdict on msg, handed out: an ack queues its XACK (the entry stays held
+// until it is done); a nack hands it out again after redisNackDelay. Its slot is freed once it is
+// acknowledged, or when the subscription ends first (the entry stays pending and is taken over).
 func (r *redisSubscription) settle(ctx context.Context, id string, msg *message.Message, cancel context.CancelFunc) {
 	defer r.settling.Done()
-	defer r.inflight.Delete(id)
+	acked := false
+	defer func() {
+		if !acked {
+			r.held.Delete(id)
+		}
+	}()
 	defer func() { <-r.window }()
 	defer func() { cancel() }()
 	for {
 		select {
 		case <-msg.Acked():
 			cancel()
+			acked = true
 			r.acks <- id
 			return
 		case <-msg.Nacked():
@@ -410,11 +418,15 @@ func (r *redisSubscription) ackLoop() {
 			}
 		}
 		r.ack(ids)
+		for _, id := range ids {
+			r.held.Delete(id)
+		}
 	}
 }
 
 // ack acknowledges ids, trying again for a while when Redis does not answer; an entry left
-// unacknowledged is delivered again (a duplicate the inbox absorbs).
+// unacknowledged is handed out again (a duplicate the inbox absorbs): by this subscription once no
+// longer held (takeBack), or by the member that takes it over once this one is gone.
 func (r *redisSubscription) ack(ids []string) {
 	for attempt := 1; ; attempt++ {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -424,7 +436,7 @@ func (r *redisSubscription) ack(ids []string) {
 			return
 		}
 		if attempt == 5 {
-			r.s.logger.Error("Cannot acknowledge Redis stream entries, they will be delivered again", err,
+			r.s.logger.Error("Cannot acknowledge Redis stream entries, they will be handed out again", err,
 				r.fields.Add(watermill.LogFields{"entries": len(ids)}))
 			return
 		}
@@ -433,13 +445,17 @@ func (r *redisSubscription) ack(ids []string) {
 }
 
 // claimLoop takes over, every redisClaimEvery, the pending entries of the group's consumers that
-// are gone (a heartbeating consumer without its key), and of the others those idle for ClaimAfter.
+// are gone (a heartbeating consumer without its key), and of the others those idle for ClaimAfter;
+// and takes back this consumer's own that the subscription does not hold.
 func (r *redisSubscription) claimLoop(ctx context.Context) {
 	tick := time.NewTicker(redisClaimEvery)
 	defer tick.Stop()
 	for {
 		if err := r.claimOnce(ctx); err != nil && ctx.Err() == nil {
 			r.s.logger.Debug("Cannot look for entries to take over", r.fields.Add(watermill.LogFields{"err": err}))
+		}
+		if err := r.takeBack(ctx); err != nil && ctx.Err() == nil {
+			r.s.logger.Debug("Cannot look for entries of this consumer to take back", r.fields.Add(watermill.LogFields{"err": err}))
 		}
 		select {
 		case <-ctx.Done():
@@ -503,7 +519,9 @@ func (r *redisSubscription) claimFrom(ctx context.Context, consumer string, minI
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return err
 		}
-		if len(xms) > 0 {
+		// A claim whose reply is lost leaves the entries under this consumer, idle no longer: go-redis
+		// claims again on a new connection and gets nothing; takeBack finds them.
+		if xms = r.hold(xms); len(xms) > 0 {
 			r.s.logger.Info("Took over pending entries of a consumer that is gone", r.fields.Add(watermill.LogFields{
 				"from": consumer, "entries": len(xms)}))
 			select {
@@ -515,6 +533,53 @@ func (r *redisSubscription) claimFrom(ctx context.Context, consumer string, minI
 		if len(xms) < len(ids) || len(pending) < max(r.s.unacked, 16) {
 			return nil
 		}
+	}
+}
+
+// takeBack hands out again the entries pending under this subscription's own consumer, idle for
+// redisOwnIdle, that it does not hold. Redis counts an entry delivered when it sends the reply that
+// holds it: a reply cut on its way (go-redis then sends the read again on a new connection, which
+// finds nothing new, and reports no error) leaves its entries pending under a consumer that is
+// alive, which nobody claims from, as does an acknowledgement given up. Entries held, however long
+// they take, are left alone.
+func (r *redisSubscription) takeBack(ctx context.Context) error {
+	page := max(r.s.unacked, 100)
+	for start := "-"; ; {
+		pending, err := r.client.XPendingExt(ctx, &redis.XPendingExtArgs{Stream: r.topic, Group: r.s.group,
+			Idle: redisOwnIdle, Start: start, End: "+", Count: int64(page), Consumer: r.consumer}).Result()
+		if err != nil || len(pending) == 0 {
+			return err
+		}
+		var ids []string
+		for _, p := range pending {
+			if _, held := r.held.Load(p.ID); !held {
+				ids = append(ids, p.ID)
+			}
+		}
+		if len(ids) > 0 {
+			// XCLAIM to this consumer returns the entries and counts the delivery. MinIdle again: an
+			// entry another member claimed meanwhile (this consumer taken for gone) is idle no
+			// longer, and stays where it is; one acknowledged meanwhile is not pending any more. An
+			// entry whose reply was only slow and has arrived meanwhile is held already (hold).
+			xms, err := r.client.XClaim(ctx, &redis.XClaimArgs{Stream: r.topic, Group: r.s.group, Consumer: r.consumer,
+				MinIdle: redisOwnIdle, Messages: ids}).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return err
+			}
+			if xms = r.hold(xms); len(xms) > 0 {
+				logs.Warn(r.s.logger, "Handing out again entries pending under this consumer that it does not hold "+
+					"(a reply lost on its way, or an acknowledgement given up)", nil, r.fields.Add(watermill.LogFields{"entries": len(xms)}))
+				select {
+				case r.claimed <- xms:
+				case <-ctx.Done():
+					return nil
+				}
+			}
+		}
+		if len(pending) < page {
+			return nil
+		}
+		start = "(" + pending[len(pending)-1].ID
 	}
 }
 
