@@ -28,7 +28,8 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 		return backends.Parts{}, err
 	}
 	boundPool(ropts, rawURL)
-	client := redis.NewClient(ropts) // connects on first use
+	newClient := clients(ropts)
+	client := newClient() // connects on first use
 	marshaller := redisMarshaller{wire: brokerio.NewWire(opts)}
 	pub, err := redisstream.NewPublisher(redisstream.PublisherConfig{Client: client, Marshaller: marshaller}, opts.Logger)
 	if err != nil {
@@ -40,11 +41,22 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 			Ping: func(ctx context.Context) error { return client.Ping(ctx).Err() }},
 		Lag: redisLag(client),
 		NewSubscriber: func(group string) (backends.Subscriber, error) {
-			sub := newRedisSubscriber(func() *redis.Client { return redis.NewClient(ropts) }, group, opts.Unacked, opts.ClaimAfter, marshaller, opts.Logger)
+			sub := newRedisSubscriber(newClient, group, opts.Unacked, opts.ClaimAfter, marshaller, opts.Logger)
 			return brokerio.NewRetryingSubscriber(sub, group, classifyRedis, opts.Logger), nil
 		},
 		Close: []func() error{pub.Close}, // it closes client: closed twice, Close failed with "redis: client is closed"
 	}, nil
+}
+
+// clients makes clients with opts, each from a copy of its own: redis.NewClient fills in the
+// defaults in the options it is given, and a -1 ("none", as in max_retries=-1 in the URL) becomes
+// 0 there, which the next client would take for "unset" and the default.
+func clients(opts *redis.Options) func() *redis.Client {
+	base := *opts
+	return func() *redis.Client {
+		o := base
+		return redis.NewClient(&o)
+	}
 }
 
 func classifyRedis(err error) error {

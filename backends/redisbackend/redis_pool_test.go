@@ -27,3 +27,18 @@ func TestBoundPoolCapsConnectionsUnlessTheURLSaysOtherwise(t *testing.T) {
 		}
 	}
 }
+
+func TestClientsEachKeepWhatTheURLSays(t *testing.T) {
+	opts, err := redis.ParseURL("redis://127.0.0.1:6379/0?max_retries=-1&read_timeout=-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	newClient := clients(opts)
+	for i := 0; i < 3; i++ {
+		c := newClient()
+		if o := c.Options(); o.MaxRetries != 0 || o.ReadTimeout != 0 {
+			t.Errorf("client %d: max retries %d, read timeout %s; want none (0) and none, as the URL says", i, o.MaxRetries, o.ReadTimeout)
+		}
+		_ = c.Close()
+	}
+}
