@@ -67,12 +67,14 @@ chaos-all: services
 		$(GO) run ./internal/cmd/chaos --store $${run%%:*} --broker $${run##*:} $(CHAOS_ARGS) || failed="$$failed $$run"; \
 	done; if [ -n "$$failed" ]; then echo "chaos failed:$$failed"; exit 1; fi
 
-## lint: formatting, a tidy go.mod, vet and staticcheck.
+## lint: formatting, a tidy go.mod, vet and staticcheck, and the exported-API changes since the last
+## release (scripts/apidiff.sh: a breaking change CHANGELOG.md's [Unreleased] section does not name fails).
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	@$(GO) mod tidy -diff || { echo "go.mod or go.sum is not tidy: run make tidy and commit"; exit 1; }
 	$(GO) vet $(PKGS)
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
+	scripts/apidiff.sh
 
 ## alerts: validate the shipped Prometheus alert rules and run their unit tests.
 alerts:
