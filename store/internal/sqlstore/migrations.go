@@ -1,12 +1,16 @@
 package sqlstore
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"path"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // Migration is one numbered step of a dialect's schema.
@@ -58,4 +62,30 @@ func Statements(sql string) []string {
 		}
 	}
 	return out
+}
+
+func (s *Store) Migrate(ctx context.Context) (store.MigrateResult, error) {
+	res, err := s.d.Migrate(ctx, s.db)
+	return res, s.d.Classify(err)
+}
+
+func (s *Store) SchemaVersion(ctx context.Context) (current, newest int, err error) {
+	current, newest, err = s.d.SchemaVersion(ctx, s.db)
+	if err != nil {
+		if err = s.d.Classify(err); errors.Is(err, store.ErrNotMigrated) {
+			return 0, newest, nil
+		}
+	}
+	return current, newest, err
+}
+
+func (s *Store) CheckSchema(ctx context.Context) error {
+	current, newest, err := s.d.SchemaVersion(ctx, s.db)
+	if err != nil {
+		if err = s.d.Classify(err); !errors.Is(err, store.ErrNotMigrated) {
+			return fmt.Errorf("read the schema version of %s: %w", s.d.Info().Schema, err)
+		}
+		current = 0
+	}
+	return store.CheckVersion(s.d.Info().Schema, current, newest)
 }
