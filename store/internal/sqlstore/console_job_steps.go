@@ -114,19 +114,9 @@ func (s *Store) nextConsumerLetters(ctx context.Context, db dbexec.Querier, l st
 	defer rows.Close()
 	var out []store.DeadLetter
 	for rows.Next() {
-		var (
-			d                                 store.DeadLetter
-			dead, replayed, archived, created dbexec.Time
-			metadata                          []byte
-		)
-		if err := rows.Scan(&d.ID, &d.Consumer, &d.Topic, &d.MessageID, &d.PartitionKey, &d.EventType, &d.Reason, &d.Attempts,
-			&dead, &replayed, &archived, &d.FailureGroup, &d.PayloadSize, &created, &metadata, &d.Payload, &d.Reason, &d.SourceSeq); err != nil {
+		var d store.DeadLetter
+		if err := scanDetail(rows, &d, &d.SourceSeq); err != nil {
 			return nil, fmt.Errorf("job %d: read letters: %w", l.ID, s.d.Classify(err))
-		}
-		d.DeadLetteredAt = dead.Time
-		d.Metadata = decodeMetadata(metadata)
-		if d.Payload == nil {
-			d.Payload = []byte{}
 		}
 		out = append(out, d)
 	}

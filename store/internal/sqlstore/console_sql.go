@@ -1,10 +1,13 @@
 package sqlstore
 
 import (
+	"context"
 	"fmt"
 	"regexp"
 	"strings"
 	"sync"
+
+	"github.com/outboxkit/outboxkit/store/internal/dbexec"
 )
 
 // ConsoleSQL is what the console's statements need of a dialect. The statements are written once,
@@ -109,4 +112,24 @@ func (t letterTable) listColumns(alias string) string {
 	return a + "id, " + a + "consumer, " + a + "topic, " + a + "message_id, coalesce(" + a + "partition_key, ''), coalesce(" +
 		a + "event_type, ''), substr(" + a + "reason, 1, 300), " + a + "deliveries, " + a + "dead_lettered_at, " + a + "replayed_at, " +
 		a + "archived_at, coalesce(" + a + "failure_group, 0), length(" + a + "payload), NULL"
+}
+
+// reading runs a console read, in a transaction set up by the dialect's ReadSetup when it has one.
+func (s *Store) reading(ctx context.Context, fn func(q dbexec.Querier) error) error {
+	setup := s.d.Console().ReadSetup
+	if setup == "" {
+		return fn(s.db)
+	}
+	tx, err := s.db.Begin(ctx, dbexec.TxOptions{})
+	if err != nil {
+		return s.d.Classify(err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, setup); err != nil {
+		return s.d.Classify(err)
+	}
+	if err := fn(tx); err != nil {
+		return err
+	}
+	return s.d.Classify(tx.Commit(ctx))
 }
