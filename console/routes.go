@@ -1,0 +1,73 @@
+package console
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/store"
+)
+
+func (h *Handler) routes() {
+	p := h.cfg.Prefix
+	m := h.mux
+	m.HandleFunc("GET "+p+"/static/{name}", h.serveStatic)
+	m.HandleFunc("GET "+p+"/healthz", h.healthz)
+	m.HandleFunc("GET "+p+"/robots.txt", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte("User-agent: *\nDisallow: /\n"))
+	})
+	m.HandleFunc("GET "+p+"/login", h.loginPage)
+	m.HandleFunc("POST "+p+"/login", h.login)
+	m.HandleFunc("POST "+p+"/logout", h.logout)
+	m.HandleFunc("GET "+p+"/{$}", h.auth(Viewer, h.migrated(h.overviewPage)))
+	m.HandleFunc("GET "+p+"/letters", h.auth(Viewer, h.migrated(h.lettersPage)))
+	m.HandleFunc("GET "+p+"/letters/{side}/{id}", h.auth(Viewer, h.migrated(h.letterPage)))
+	m.HandleFunc("GET "+p+"/letters/{side}/{id}/payload", h.auth(Viewer, h.migrated(h.payload)))
+	m.HandleFunc("POST "+p+"/letters/act", h.auth(Operator, h.migrated(h.act)))
+	m.HandleFunc("GET "+p+"/replay/preview", h.auth(Operator, h.migrated(h.previewPage)))
+	m.HandleFunc("POST "+p+"/jobs", h.auth(Operator, h.migrated(h.createJob)))
+	m.HandleFunc("GET "+p+"/jobs", h.auth(Viewer, h.migrated(h.jobsPage)))
+	m.HandleFunc("GET "+p+"/jobs/{id}", h.auth(Viewer, h.migrated(h.jobPage)))
+	m.HandleFunc("POST "+p+"/jobs/{id}/cancel", h.auth(Operator, h.migrated(h.cancelJob)))
+	m.HandleFunc("POST "+p+"/topics/{name}/{verb}", h.auth(Operator, h.migrated(h.pauseAction(store.PauseTopic))))
+	m.HandleFunc("POST "+p+"/relays/{name}/{verb}", h.auth(Operator, h.migrated(h.pauseAction(store.PauseRelay))))
+	m.HandleFunc("GET "+p+"/audit", h.auth(Viewer, h.migrated(h.auditPage)))
+	if p != "" {
+		m.Handle("GET "+p, http.RedirectHandler(p+"/", http.StatusMovedPermanently))
+	}
+}
+
+// migrated serves a page only on tables at this build's version, and otherwise says which
+// migration is needed.
+func (h *Handler) migrated(next page) page {
+	return func(w http.ResponseWriter, r *http.Request, id Identity) {
+		if msg := h.cache.schemaProblem(r.Context()); msg != "" {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			h.render(w, r, "message", "Schema", "", id, notice{Title: "The database's tables are not at this console's version", Text: msg}, nil)
+			return
+		}
+		next(w, r, id)
+	}
+}
+
+type notice struct{ Title, Text string }
+
+func (h *Handler) healthz(w http.ResponseWriter, r *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if msg := h.cache.schemaProblem(r.Context()); msg != "" {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte("schema\n")) // no detail: the health check answers anyone
+		return
+	}
+	_, _ = w.Write([]byte("ok\n"))
+}
+
+func (h *Handler) failed(w http.ResponseWriter, r *http.Request, what string, err error) {
+	h.cfg.Logger.Error("Console: "+what, err, nil)
+	msg := fmt.Sprintf("Cannot %s: %v", what, err)
+	if outboxkit.IsUnreachable(err) {
+		msg = fmt.Sprintf("Cannot %s: the database cannot be reached (%v). The page works again once it answers.", what, err)
+	}
+	h.refuse(w, r, http.StatusServiceUnavailable, msg)
+}
