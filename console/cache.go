@@ -286,7 +286,7 @@ func (c *cache) groupCounts(ctx context.Context, q store.LetterQuery) ([]store.G
 				}
 			}
 		}
-		return out, fmt.Sprintf("counted %s, refreshed every %s", agoText(now.Sub(e.at)), human(c.h.cfg.CacheTTL)), nil
+		return out, fmt.Sprintf("counted %s, refreshed every %s", ago(now.Sub(e.at)), human(c.h.cfg.CacheTTL)), nil
 	}
 	g, err := c.h.con.GroupCounts(ctx, q, c.h.cfg.ScanLimit)
 	note := "exact counts for this filter"
@@ -495,12 +495,12 @@ func (h *Handler) buildOverview(ctx context.Context, s *snapshot) overview {
 	for _, t := range ov.Topics {
 		if t.Paused != nil {
 			ov.Problems = append(ov.Problems, problem{Severity: sevWarn, Subject: t.Topic,
-				Text: fmt.Sprintf("is paused by %s since %s: %s rows wait.", t.Paused.By, agoText(now.Sub(t.Paused.At)), commas(t.Pending)), Link: "/#topics", Action: "Topics"})
+				Text: fmt.Sprintf("is paused by %s since %s: %s rows wait.", t.Paused.By, ago(now.Sub(t.Paused.At)), commas(t.Pending)), Link: "/#topics", Action: "Topics"})
 		}
 	}
 	for name, p := range relayPaused {
 		ov.Problems = append(ov.Problems, problem{Severity: sevWarn, Subject: "Relay " + name,
-			Text: fmt.Sprintf("is paused by %s since %s: it publishes nothing.", p.By, agoText(now.Sub(p.At))), Link: "/#relays", Action: "Relays"})
+			Text: fmt.Sprintf("is paused by %s since %s: it publishes nothing.", p.By, ago(now.Sub(p.At))), Link: "/#relays", Action: "Relays"})
 	}
 	sort.SliceStable(ov.Problems, func(i, j int) bool { return ov.Problems[i].Severity > ov.Problems[j].Severity })
 	ov.TopGroups = h.groupRows(ctx, s.groups, 4)

@@ -13,6 +13,16 @@ import (
 
 var withins = [][2]string{{"", "any time"}, {"15m", "last 15 minutes"}, {"1h", "last hour"}, {"6h", "last 6 hours"}, {"24h", "last 24 hours"}, {"7d", "last 7 days"}}
 
+// withinText is how a chip says the choice of withins named key; "" for none.
+func withinText(key string) string {
+	for _, w := range withins {
+		if key != "" && w[0] == key {
+			return "in the " + w[1]
+		}
+	}
+	return ""
+}
+
 var withinDur = map[string]time.Duration{"15m": 15 * time.Minute, "1h": time.Hour, "6h": 6 * time.Hour, "24h": 24 * time.Hour, "7d": 7 * 24 * time.Hour}
 
 func parseFilter(q url.Values) filter {
@@ -111,8 +121,7 @@ func (h *Handler) chips(ctx context.Context, f filter, removable bool) []chip {
 	add("event type", f.EventType, "type")
 	add("key", f.PartitionKey, "key")
 	add("error contains", f.ErrorText, "q")
-	add("dead-lettered", map[string]string{"15m": "in the last 15 minutes", "1h": "in the last hour", "6h": "in the last 6 hours",
-		"24h": "in the last 24 hours", "7d": "in the last 7 days"}[f.Within], "within")
+	add("dead-lettered", withinText(f.Within), "within")
 	add("from", f.From, "from")
 	add("until", f.Until, "until")
 	if f.Archived {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -31,12 +30,12 @@ func (h *Handler) jobView(r *http.Request, j store.Job) job {
 	if j.Open() && !v.LeaseOK {
 		v.Owner = "no console yet"
 		if j.Owner != "" {
-			v.Owner = j.Owner + " (its lease ran out " + agoText(now.Sub(j.LeaseUntil)) + ")"
+			v.Owner = j.Owner + " (its lease ran out " + ago(now.Sub(j.LeaseUntil)) + ")"
 		}
 		v.Waiting = "waiting for a console to run it: a console with jobs enabled (or outboxctl console) takes it within seconds"
 	}
 	if j.CancelBy != "" {
-		v.LastError = strings.TrimSpace(fmt.Sprintf("cancelled by %s %s. %s", j.CancelBy, agoText(now.Sub(j.CancelAt)), v.LastError))
+		v.LastError = strings.TrimSpace(fmt.Sprintf("cancelled by %s %s. %s", j.CancelBy, ago(now.Sub(j.CancelAt)), v.LastError))
 	}
 	f := j.Filter
 	v.Chips = h.chips(r.Context(), filterOf(f), false)
@@ -60,9 +59,8 @@ func (h *Handler) jobsPage(w http.ResponseWriter, r *http.Request, id Identity) 
 }
 
 func (h *Handler) jobPage(w http.ResponseWriter, r *http.Request, id Identity) {
-	n, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil {
-		h.refuse(w, r, http.StatusNotFound, fmt.Sprintf("%q is not a job's number.", r.PathValue("id")))
+	n, ok := h.pathID(w, r, "a job's")
+	if !ok {
 		return
 	}
 	j, err := h.con.Job(r.Context(), n)
@@ -78,9 +76,8 @@ func (h *Handler) jobPage(w http.ResponseWriter, r *http.Request, id Identity) {
 }
 
 func (h *Handler) cancelJob(w http.ResponseWriter, r *http.Request, id Identity) {
-	n, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil {
-		h.refuse(w, r, http.StatusNotFound, fmt.Sprintf("%q is not a job's number.", r.PathValue("id")))
+	n, ok := h.pathID(w, r, "a job's")
+	if !ok {
 		return
 	}
 	ok, err := h.con.RequestCancel(r.Context(), n, id.Name, h.cfg.Now())

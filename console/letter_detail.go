@@ -20,9 +20,8 @@ import (
 func (h *Handler) letterPage(w http.ResponseWriter, r *http.Request, who Identity) {
 	ctx := r.Context()
 	side := r.PathValue("side")
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil {
-		h.refuse(w, r, http.StatusNotFound, fmt.Sprintf("%q is not a dead letter's number.", r.PathValue("id")))
+	id, ok := h.pathID(w, r, "a dead letter's")
+	if !ok {
 		return
 	}
 	l, err := h.con.DeadLetter(ctx, side, id, PayloadShown)
@@ -137,9 +136,8 @@ func (h *Handler) payload(w http.ResponseWriter, r *http.Request, _ Identity) {
 		return
 	}
 	side := r.PathValue("side")
-	id, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
-	if err != nil {
-		h.refuse(w, r, http.StatusNotFound, fmt.Sprintf("%q is not a dead letter's number.", r.PathValue("id")))
+	id, ok := h.pathID(w, r, "a dead letter's")
+	if !ok {
 		return
 	}
 	b, err := h.con.DeadLetterPayload(r.Context(), side, id)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
-	"strings"
 
 	"github.com/outboxkit/outboxkit/store"
 )
@@ -50,11 +49,4 @@ func (h *Handler) pauseAction(scope string) page {
 		h.cache.invalidate()
 		http.Redirect(w, r, h.cfg.Prefix+"/?ok=1&flash="+url.QueryEscape(text), http.StatusSeeOther)
 	}
-}
-
-func title(s string) string {
-	if s == "" {
-		return s
-	}
-	return strings.ToUpper(s[:1]) + s[1:]
 }

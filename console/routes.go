@@ -3,6 +3,7 @@ package console
 import (
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/store"
@@ -70,4 +71,15 @@ func (h *Handler) failed(w http.ResponseWriter, r *http.Request, what string, er
 		msg = fmt.Sprintf("Cannot %s: the database cannot be reached (%v). The page works again once it answers.", what, err)
 	}
 	h.refuse(w, r, http.StatusServiceUnavailable, msg)
+}
+
+// pathID reads the number in the path's {id}, whose names what it numbers ("a job's"); a path
+// without one is refused as not found.
+func (h *Handler) pathID(w http.ResponseWriter, r *http.Request, whose string) (int64, bool) {
+	n, err := strconv.ParseInt(r.PathValue("id"), 10, 64)
+	if err != nil {
+		h.refuse(w, r, http.StatusNotFound, fmt.Sprintf("%q is not %s number.", r.PathValue("id"), whose))
+		return 0, false
+	}
+	return n, true
 }
