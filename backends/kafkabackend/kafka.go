@@ -31,15 +31,6 @@ import (
 	"github.com/outboxkit/outboxkit/backends/internal/brokerio"
 )
 
-// kafkaKey keys each message by its partition key, so one aggregate stays on one partition, in
-// order. A message without a key gets its UUID, which spreads keyless messages over partitions.
-func kafkaKey(_ string, msg *message.Message) (string, error) {
-	if k := outboxkit.PartitionKey(msg); k != "" {
-		return k, nil
-	}
-	return msg.UUID, nil
-}
-
 func open(ctx context.Context, rawURL string, opts backends.Options) (backends.Parts, error) {
 	conn, err := parseKafkaURL(rawURL)
 	if err != nil {
@@ -72,44 +63,6 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 		},
 		Close: []func() error{bounded.Close, klag.close},
 	}, nil
-}
-
-// kafkaMarshaler is watermill-kafka's format, keyed by partition key, with the CloudEvents Kafka
-// binding's headers when asked for, and able to read a CloudEvent another producer wrote.
-type kafkaMarshaler struct {
-	inner kafka.MarshalerUnmarshaler
-	wire  brokerio.Wire
-}
-
-func (m kafkaMarshaler) Marshal(topic string, msg *message.Message) (*sarama.ProducerMessage, error) {
-	pm, err := m.inner.Marshal(topic, msg)
-	if err != nil {
-		return nil, err
-	}
-	for name, v := range m.wire.CEAttributes(topic, msg) {
-		key := brokerio.CEPrefixKafka + name
-		if name == "datacontenttype" {
-			key = brokerio.CEContentType
-		}
-		pm.Headers = append(pm.Headers, sarama.RecordHeader{Key: []byte(key), Value: []byte(v)})
-	}
-	return pm, nil
-}
-
-func (m kafkaMarshaler) Unmarshal(cm *sarama.ConsumerMessage) (*message.Message, error) {
-	msg, err := m.inner.Unmarshal(cm)
-	if err != nil {
-		return nil, err
-	}
-	foreign := msg.UUID == ""
-	attrs := brokerio.MetadataAttrs(msg.Metadata, brokerio.CEPrefixKafka, brokerio.CEContentType)
-	brokerio.AdoptForeign(msg, func(name string) string {
-		if v := attrs(name); v != "" || name != "partitionkey" || !foreign {
-			return v
-		}
-		return string(cm.Key) // the binding maps the partition key to the record key
-	})
-	return msg, nil
 }
 
 // kafkaVersion is the protocol version the producer and the ping speak: Kafka 2.8 (2021) or

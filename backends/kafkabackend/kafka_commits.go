@@ -2,10 +2,14 @@ package kafkabackend
 
 import (
 	"context"
+	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/twmb/franz-go/pkg/kerr"
+	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
 // kafkaCommitGap is the least time between two commits of a partition in the first
@@ -190,4 +194,42 @@ func (k *kafkaCommits) run(ctx context.Context) {
 func (k *kafkaCommits) finishLocked() {
 	close(k.finished)
 	k.finished = make(chan struct{})
+}
+
+// commit commits offset for partition p, with horizon as its metadata, in the member's current
+// generation: an error when the member is no longer in the group. A claim commits only while its
+// partition is assigned to the member.
+func (c *kafkaConsumer) commit(ctx context.Context, p int32, offset, horizon int64) error {
+	member, generation := c.cl.GroupMetadata()
+	req := kmsg.NewPtrOffsetCommitRequest()
+	req.Group, req.Generation, req.MemberID = c.s.group, generation, member
+	if c.s.instanceID != "" {
+		req.InstanceID = kmsg.StringPtr(c.s.instanceID + "." + c.topic)
+	}
+	t := kmsg.NewOffsetCommitRequestTopic()
+	t.Topic = c.topic
+	if id := c.topicID.Load(); id != nil {
+		t.TopicID = *id // v10 on names the topic by id
+	}
+	tp := kmsg.NewOffsetCommitRequestTopicPartition()
+	tp.Partition, tp.Offset, tp.LeaderEpoch = p, offset, -1
+	if horizon >= 0 {
+		tp.Metadata = kmsg.StringPtr(horizonPrefix + strconv.FormatInt(horizon, 10))
+	}
+	t.Partitions = append(t.Partitions, tp)
+	req.Topics = append(req.Topics, t)
+	resp, err := req.RequestWith(ctx, c.cl)
+	if err == nil {
+		for _, t := range resp.Topics {
+			for _, rp := range t.Partitions {
+				if err == nil {
+					err = kerr.ErrorForCode(rp.ErrorCode)
+				}
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("commit offset %d of %s/%d: %w", offset, c.topic, p, err)
+	}
+	return nil
 }
