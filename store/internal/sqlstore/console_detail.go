@@ -33,16 +33,13 @@ func (s *Store) readDetail(ctx context.Context, t letterTable, cond string, args
 
 // scanDetail reads into l a row of detailColumns, then the letter's whole error, then extra.
 func scanDetail(row dbexec.Row, l *store.DeadLetter, extra ...any) error {
-	var (
-		dead, replayed, archived, created dbexec.Time
-		metadata                          []byte
-	)
-	err := row.Scan(append([]any{&l.ID, &l.Consumer, &l.Topic, &l.MessageID, &l.PartitionKey, &l.EventType, &l.Reason, &l.Attempts,
-		&dead, &replayed, &archived, &l.FailureGroup, &l.PayloadSize, &created, &metadata, &l.Payload, &l.Reason}, extra...)...)
-	if err != nil {
+	ls := letterScan{l: l}
+	var metadata []byte
+	dest := append(ls.dest(), &metadata, &l.Payload, &l.Reason)
+	if err := row.Scan(append(dest, extra...)...); err != nil {
 		return err
 	}
-	l.DeadLetteredAt, l.ReplayedAt, l.ArchivedAt, l.CreatedAt = dead.Time, replayed.Time, archived.Time, created.Time
+	ls.done()
 	l.Metadata = decodeMetadata(metadata)
 	if l.Payload == nil {
 		l.Payload = []byte{}

@@ -100,15 +100,12 @@ func (s *Store) scanLetters(ctx context.Context, db dbexec.Querier, stmt string,
 	defer rows.Close()
 	var out []store.DeadLetter
 	for rows.Next() {
-		var (
-			l                                 store.DeadLetter
-			dead, replayed, archived, created dbexec.Time
-		)
-		if err := rows.Scan(&l.ID, &l.Consumer, &l.Topic, &l.MessageID, &l.PartitionKey, &l.EventType, &l.Reason, &l.Attempts,
-			&dead, &replayed, &archived, &l.FailureGroup, &l.PayloadSize, &created); err != nil {
+		var l store.DeadLetter
+		ls := letterScan{l: &l}
+		if err := rows.Scan(ls.dest()...); err != nil {
 			return nil, s.d.Classify(err)
 		}
-		l.DeadLetteredAt, l.ReplayedAt, l.ArchivedAt, l.CreatedAt = dead.Time, replayed.Time, archived.Time, created.Time
+		ls.done()
 		out = append(out, l)
 	}
 	return out, s.d.Classify(rows.Err())

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/internal/dbexec"
 )
 
@@ -112,6 +113,23 @@ func (t letterTable) listColumns(alias string) string {
 	return a + "id, " + a + "consumer, " + a + "topic, " + a + "message_id, coalesce(" + a + "partition_key, ''), coalesce(" +
 		a + "event_type, ''), substr(" + a + "reason, 1, 300), " + a + "deliveries, " + a + "dead_lettered_at, " + a + "replayed_at, " +
 		a + "archived_at, coalesce(" + a + "failure_group, 0), length(" + a + "payload), NULL"
+}
+
+// letterScan reads a row of listColumns into l (dest, then done once scanned): kept beside
+// listColumns, so that the columns and their destinations change together.
+type letterScan struct {
+	l                                 *store.DeadLetter
+	dead, replayed, archived, created dbexec.Time
+}
+
+func (r *letterScan) dest() []any {
+	l := r.l
+	return []any{&l.ID, &l.Consumer, &l.Topic, &l.MessageID, &l.PartitionKey, &l.EventType, &l.Reason, &l.Attempts,
+		&r.dead, &r.replayed, &r.archived, &l.FailureGroup, &l.PayloadSize, &r.created}
+}
+
+func (r *letterScan) done() {
+	r.l.DeadLetteredAt, r.l.ReplayedAt, r.l.ArchivedAt, r.l.CreatedAt = r.dead.Time, r.replayed.Time, r.archived.Time, r.created.Time
 }
 
 // reading runs a console read, in a transaction set up by the dialect's ReadSetup when it has one.
