@@ -25,7 +25,7 @@ const kafkaCommitGap = 10 * time.Millisecond
 // kafkaCommitBusyGap apart: a busy partition costs the broker, and the member's CPU, at most 1/gap
 // commits a second (with commits 10 ms apart throughout, batching consumers on four partitions
 // drained at 0.78–0.81× of their rate before commits followed the acknowledgements; with this gap
-// at 0.95–1.02×, docs/bench/2026-12-02-kafka-commit-gap.txt), and a process that dies after that
+// at 0.95–1.02×, internal/cmd/bench/results/2026-12-02-kafka-commit-gap.txt), and a process that dies after that
 // loses to redelivery what it acknowledged in the last kafkaCommitBusyGap.
 const (
 	kafkaCommitQuickFor = time.Second
