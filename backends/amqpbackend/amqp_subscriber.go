@@ -408,3 +408,14 @@ func (s *Subscriber) Close() error {
 		return nil
 	})
 }
+
+// stringifyHeaders turns the headers a non-Go producer set as AMQP types (numbers, booleans, tables)
+// into strings, the only type Watermill's metadata holds.
+func stringifyHeaders(d amqp.Delivery) amqp.Delivery {
+	for k, v := range d.Headers {
+		if _, ok := v.(string); !ok {
+			d.Headers[k] = fmt.Sprint(v)
+		}
+	}
+	return d
+}
