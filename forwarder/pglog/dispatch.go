@@ -2,7 +2,6 @@ package pglog
 
 import (
 	"context"
-	"crypto/md5"
 	"fmt"
 	"math"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/internal/pgsql"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -679,7 +679,7 @@ func (d *dispatcher) writeDeadLetter(ctx context.Context, tx pgx.Tx, dl deadRow)
 			WHERE uuid = $1::uuid AND published_at IS NULL`, r.table("outbox")),
 			dl.delKey, dl.row.Attempts, dl.errText, dl.at)
 	} else {
-		key, text := storedID(dl.row.UUID)
+		key, text := pgsql.StoredID(dl.row.UUID)
 		var pkey any
 		if dl.row.PartitionKey != "" {
 			pkey = dl.row.PartitionKey
@@ -706,7 +706,7 @@ func (d *dispatcher) writeDeadLetter(ctx context.Context, tx pgx.Tx, dl deadRow)
 // row waiting to be published: the polling relay, the console and a later check see it as any row
 // of a parked key.
 func (d *dispatcher) writeParked(ctx context.Context, tx pgx.Tx, row store.OutboxRow) error {
-	key, text := storedID(row.UUID)
+	key, text := pgsql.StoredID(row.UUID)
 	metadata := string(row.Metadata)
 	if metadata == "" {
 		metadata = "{}"
@@ -722,16 +722,6 @@ func (d *dispatcher) writeParked(ctx context.Context, tx pgx.Tx, row store.Outbo
 		return fmt.Errorf("park event %s: %w", row.UUID, err)
 	}
 	return nil
-}
-
-// storedID is how the outbox keys a message id (as pgxstore writes it): a canonical lowercase
-// UUID as itself, any other id as the UUID-shaped md5 of its text, with the text beside it.
-func storedID(id string) (key string, text any) {
-	if u, err := uuid.Parse(id); err == nil && u.String() == id {
-		return id, nil
-	}
-	sum := md5.Sum([]byte(id))
-	return uuid.UUID(sum).String(), id
 }
 
 // advance drops the done entries at the head of the window; passing a transaction's end makes its
@@ -976,7 +966,7 @@ func (d *dispatcher) runFlush(ctx context.Context, j *flushJob) checkpointDone {
 				if from, ok := j.parkFrom[k]; ok && dl.delKey == "" && from == dl.row.Seq {
 					// The key waits from the dead letter's row now, not from its place in the log.
 					var seq int64
-					key, _ := storedID(dl.row.UUID)
+					key, _ := pgsql.StoredID(dl.row.UUID)
 					if err := tx.QueryRow(fctx, fmt.Sprintf(`SELECT seq FROM %s WHERE uuid = $1::uuid`, r.table("outbox")), key).Scan(&seq); err != nil {
 						return fmt.Errorf("read dead letter %s back: %w", dl.row.UUID, err)
 					}

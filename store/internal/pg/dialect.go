@@ -6,7 +6,6 @@ package pg
 
 import (
 	"context"
-	"crypto/md5"
 	"database/sql"
 	"embed"
 	"encoding/json"
@@ -16,11 +15,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/internal/pgerr"
+	"github.com/outboxkit/outboxkit/internal/pgsql"
 	"github.com/outboxkit/outboxkit/internal/walmsg"
 	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/internal/dbexec"
@@ -234,7 +233,7 @@ func InsertQuery(schema Name, msgs []store.OutboxMessage, notify bool) (string, 
 		if payload == nil {
 			payload = []byte{} // the column is NOT NULL; an empty payload is still a payload
 		}
-		id, text := StoredID(m.UUID)
+		id, text := pgsql.StoredID(m.UUID)
 		args = append(args, id, text, m.Topic, key, payload, string(m.Metadata))
 	}
 	if notify {
@@ -245,40 +244,6 @@ func InsertQuery(schema Name, msgs []store.OutboxMessage, notify bool) (string, 
 		args = append(args, schema.NotifyChannel())
 	}
 	return q.String(), args, nil
-}
-
-// StoredID is how a message id is kept: a canonical lowercase UUID as itself (16 bytes, the
-// primary key); any other id as the UUID-shaped md5 of its text, with the text beside it (text is
-// nil for a canonical UUID). Two different ids can share a key only through an md5 collision, and
-// then the second write is refused: the guard never admits a duplicate. Migration 0006 derives
-// the same values in SQL.
-func StoredID(id string) (key string, text any) {
-	if canonicalUUID(id) {
-		return id, nil
-	}
-	sum := md5.Sum([]byte(id))
-	return uuid.UUID(sum).String(), id
-}
-
-// canonicalUUID reports whether id is a UUID in its canonical lowercase text form. On every
-// insert: uuid.Parse accepts other forms too (braces, urn:, no hyphens, upper case), and telling
-// them apart through its String costs an allocation per row.
-func canonicalUUID(id string) bool {
-	if len(id) != 36 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		switch {
-		case i == 8 || i == 13 || i == 18 || i == 23:
-			if c != '-' {
-				return false
-			}
-		case (c < '0' || c > '9') && (c < 'a' || c > 'f'):
-			return false
-		}
-	}
-	return true
 }
 
 // OutboxInsert is the writers' INSERT of msgs in d's schema, with the wake-up unless

@@ -3,7 +3,8 @@ package pg
 import (
 	"fmt"
 	"regexp"
-	"strings"
+
+	"github.com/outboxkit/outboxkit/internal/pgsql"
 )
 
 // Default is the Postgres schema that holds outboxkit's tables unless configured otherwise.
@@ -36,10 +37,10 @@ func MustParse(name string) Name {
 }
 
 // Ident is the schema quoted for use in SQL.
-func (n Name) Ident() string { return `"` + string(n) + `"` }
+func (n Name) Ident() string { return pgsql.Ident(string(n)) }
 
 // NotifyChannel is the LISTEN/NOTIFY channel on which writers wake the relays of this schema.
 func (n Name) NotifyChannel() string { return string(n) + "_outbox" }
 
 // Render replaces {{schema}} in a SQL text with the quoted schema name.
-func (n Name) Render(sql string) string { return strings.ReplaceAll(sql, "{{schema}}", n.Ident()) }
+func (n Name) Render(sql string) string { return pgsql.Render(string(n), sql) }
