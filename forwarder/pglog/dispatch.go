@@ -238,9 +238,7 @@ func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	// A key with a dead letter, or with a replayed one not yet published (its rows may have been
 	// read back by a session that stopped before they all went).
-	rows, err := tx.Query(cctx, fmt.Sprintf(`SELECT partition_key, coalesce(min(seq) FILTER (WHERE dead_lettered_at IS NOT NULL AND archived_at IS NULL), 0)
-		FROM %s WHERE (dead_lettered_at IS NOT NULL OR last_error IS NOT NULL) AND published_at IS NULL AND partition_key IS NOT NULL
-		AND ($1::text[] IS NULL OR partition_key = ANY($1)) GROUP BY partition_key`, r.table("outbox")), keys)
+	rows, err := tx.Query(cctx, r.sql.ParkedKeys, keys)
 	if err != nil {
 		return fmt.Errorf("read the parked keys: %w", err)
 	}
@@ -283,8 +281,7 @@ func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error
 	if !drain || len(keys) == 0 {
 		return tx.Commit(cctx)
 	}
-	rows, err = tx.Query(cctx, fmt.Sprintf(`SELECT `+rowColumns+`
-		FROM %s WHERE partition_key = ANY($1) AND published_at IS NULL AND dead_lettered_at IS NULL ORDER BY seq`, r.table("outbox")), keys)
+	rows, err = tx.Query(cctx, r.sql.ReadBack, keys)
 	if err != nil {
 		return fmt.Errorf("read back the rows of unparked keys: %w", err)
 	}
@@ -675,9 +672,7 @@ func (d *dispatcher) writeDeadLetter(ctx context.Context, tx pgx.Tx, dl deadRow)
 	r := d.s.r
 	var err error
 	if dl.delKey != "" {
-		_, err = tx.Exec(ctx, fmt.Sprintf(`UPDATE %s SET attempts = $2, last_error = $3, dead_lettered_at = $4
-			WHERE uuid = $1::uuid AND published_at IS NULL`, r.table("outbox")),
-			dl.delKey, dl.row.Attempts, dl.errText, dl.at)
+		_, err = tx.Exec(ctx, r.sql.DeadLetterRow, dl.delKey, dl.row.Attempts, dl.errText, dl.at)
 	} else {
 		key, text := pgsql.StoredID(dl.row.UUID)
 		var pkey any
@@ -692,9 +687,7 @@ func (d *dispatcher) writeDeadLetter(ctx context.Context, tx pgx.Tx, dl deadRow)
 		if payload == nil {
 			payload = []byte{}
 		}
-		_, err = tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, uuid_text, topic, partition_key, payload, metadata, created_at,
-			attempts, last_error, dead_lettered_at) VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9, $10) ON CONFLICT (uuid) DO NOTHING`,
-			r.table("outbox")), key, text, dl.row.Topic, pkey, payload, metadata, dl.row.CreatedAt, dl.row.Attempts, dl.errText, dl.at)
+		_, err = tx.Exec(ctx, r.sql.DeadLetterEvent, key, text, dl.row.Topic, pkey, payload, metadata, dl.row.CreatedAt, dl.row.Attempts, dl.errText, dl.at)
 	}
 	if err != nil {
 		return fmt.Errorf("dead-letter event %s: %w", dl.row.UUID, err)
@@ -715,9 +708,7 @@ func (d *dispatcher) writeParked(ctx context.Context, tx pgx.Tx, row store.Outbo
 	if payload == nil {
 		payload = []byte{}
 	}
-	_, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (uuid, uuid_text, topic, partition_key, payload, metadata, created_at)
-		VALUES ($1::uuid, $2, $3, $4, $5, $6, $7) ON CONFLICT (uuid) DO NOTHING`, d.s.r.table("outbox")),
-		key, text, row.Topic, row.PartitionKey, payload, metadata, row.CreatedAt)
+	_, err := tx.Exec(ctx, d.s.r.sql.ParkEvent, key, text, row.Topic, row.PartitionKey, payload, metadata, row.CreatedAt)
 	if err != nil {
 		return fmt.Errorf("park event %s: %w", row.UUID, err)
 	}
@@ -927,11 +918,7 @@ func (d *dispatcher) runFlush(ctx context.Context, j *flushJob) checkpointDone {
 	}
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	checkpoint := fmt.Sprintf(`WITH removed AS (DELETE FROM %s WHERE uuid = ANY($1::uuid[]) AND dead_lettered_at IS NULL RETURNING 1),
-		saved AS (INSERT INTO %s AS c (name, slot_name, mode, confirmed_lsn) VALUES ($2, $3, $4, $5::text::pg_lsn)
-		ON CONFLICT (name) DO UPDATE SET confirmed_lsn = GREATEST(c.confirmed_lsn, excluded.confirmed_lsn), mode = excluded.mode, updated_at = now())
-		SELECT count(*) FROM removed`,
-		r.table("outbox"), r.table("log_relays"))
+	checkpoint := r.sql.Checkpoint
 	del := j.del
 	if j.hide {
 		del = nil
@@ -967,7 +954,7 @@ func (d *dispatcher) runFlush(ctx context.Context, j *flushJob) checkpointDone {
 					// The key waits from the dead letter's row now, not from its place in the log.
 					var seq int64
 					key, _ := pgsql.StoredID(dl.row.UUID)
-					if err := tx.QueryRow(fctx, fmt.Sprintf(`SELECT seq FROM %s WHERE uuid = $1::uuid`, r.table("outbox")), key).Scan(&seq); err != nil {
+					if err := tx.QueryRow(fctx, r.sql.DeadLetterSeq, key).Scan(&seq); err != nil {
 						return fmt.Errorf("read dead letter %s back: %w", dl.row.UUID, err)
 					}
 					parkedAt[k] = seq
@@ -994,8 +981,7 @@ func (d *dispatcher) runFlush(ctx context.Context, j *flushJob) checkpointDone {
 		if err := d.waitVisible(fctx, j.xids); err != nil {
 			return checkpointDone{err: err}
 		}
-		_, err := r.cfg.Pool.Exec(fctx, fmt.Sprintf(`DELETE FROM %s WHERE uuid = ANY($1::uuid[]) AND dead_lettered_at IS NULL`,
-			r.table("outbox")), j.del)
+		_, err := r.cfg.Pool.Exec(fctx, r.sql.RemovePublished, j.del)
 		if err != nil {
 			return checkpointDone{err: fmt.Errorf("remove published outbox rows: %w", err)}
 		}
@@ -1027,14 +1013,8 @@ func (d *dispatcher) waitVisible(ctx context.Context, xids []uint32) error {
 	deadline := time.Now().Add(limit)
 	for {
 		var running int
-		// pgoutput sends 32-bit transaction ids; the snapshot's are 64-bit (epoch and id): an id
-		// takes the epoch of the snapshot's xmax, or the one before when that puts it above xmax.
-		// A transaction is running for the snapshot when it is at or above xmax, or in its list.
-		err := d.s.r.cfg.Pool.QueryRow(ctx, `WITH s AS (SELECT txid_current_snapshot() AS snap),
-			e AS (SELECT snap, txid_snapshot_xmax(snap) AS xmax, txid_snapshot_xmax(snap) / 4294967296 * 4294967296 AS epoch FROM s)
-			SELECT count(*) FROM e, unnest($1::bigint[]) AS id
-			WHERE NOT txid_visible_in_snapshot(CASE WHEN e.epoch + id > e.xmax AND e.epoch > 0 THEN e.epoch + id - 4294967296 ELSE e.epoch + id END, e.snap)`,
-			ids).Scan(&running)
+		// pgoutput's 32-bit transaction ids are taken to the snapshot's 64-bit ones in the statement.
+		err := d.s.r.cfg.Pool.QueryRow(ctx, d.s.r.sql.RunningXids, ids).Scan(&running)
 		if err != nil {
 			return fmt.Errorf("check that the published rows' transactions are visible: %w", err)
 		}

@@ -43,6 +43,7 @@ import (
 
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/faults"
+	"github.com/outboxkit/outboxkit/internal/pgsql"
 )
 
 // Mode is how writers put events where the relay reads them.
@@ -128,6 +129,7 @@ type Relay struct {
 	fwd    *forwarder.Forwarder
 	fcfg   forwarder.Config
 	schema string
+	sql    *pgsql.LogRelay // the statements, rendered for schema
 	log    watermill.LoggerAdapter
 	fields watermill.LogFields
 
@@ -204,6 +206,7 @@ func New(cfg Config) (*Relay, error) {
 	if r.schema == "" {
 		r.schema = "outboxkit"
 	}
+	r.sql = pgsql.NewLogRelay(r.schema)
 	base := slotIdent("outboxkit_" + r.schema + "_" + fcfg.Name)
 	if len("outboxkit_"+r.schema+"_"+fcfg.Name) > 63 {
 		// Too long for a name: keep its start, and a hash of the whole so that names stay apart.

@@ -101,7 +101,7 @@ func (r *Relay) session(ctx context.Context) error {
 	}
 	if slot.exists {
 		var db string
-		if err := r.cfg.Pool.QueryRow(ctx, "SELECT current_database()").Scan(&db); err != nil {
+		if err := r.cfg.Pool.QueryRow(ctx, r.sql.CurrentDatabase).Scan(&db); err != nil {
 			return err
 		}
 		if slot.database != db {
@@ -515,17 +515,15 @@ func (s *session) backfill(ctx context.Context, snapshot string, at pglogrepl.LS
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
 	if snapshot != "" {
-		if _, err := tx.Exec(ctx, "SET TRANSACTION SNAPSHOT '"+snapshot+"'"); err != nil {
+		if _, err := tx.Exec(ctx, r.sql.SetSnapshot(snapshot)); err != nil {
 			return fmt.Errorf("backfill: take the slot's snapshot: %w", err)
 		}
 	}
-	q := fmt.Sprintf(`SELECT `+rowColumns+`
-		FROM %s WHERE published_at IS NULL AND dead_lettered_at IS NULL AND seq > $1 ORDER BY seq LIMIT 1000`, r.table("outbox"))
 	nextStatus := time.Now().Add(time.Hour) // not streaming yet: no status to send
 	var after int64
 	n := 0
 	for {
-		rows, err := tx.Query(ctx, q, after)
+		rows, err := tx.Query(ctx, r.sql.Backfill, after, backfillBatch)
 		if err != nil {
 			return fmt.Errorf("backfill: read the outbox: %w", err)
 		}
@@ -548,7 +546,7 @@ func (s *session) backfill(ctx context.Context, snapshot string, at pglogrepl.LS
 			}
 		}
 		n += len(batch)
-		if len(batch) < 1000 {
+		if len(batch) < backfillBatch {
 			break
 		}
 		after = batch[len(batch)-1].row.Seq
@@ -566,10 +564,11 @@ func (s *session) backfill(ctx context.Context, snapshot string, at pglogrepl.LS
 	return nil
 }
 
-// rowColumns are the outbox columns an event is read back from the table with, in scanRow's order.
-const rowColumns = `uuid::text, uuid_text, seq, topic, coalesce(partition_key, ''), payload, metadata, created_at`
+// backfillBatch is how many rows of the table a backfill reads at a time.
+const backfillBatch = 1000
 
-// scanRow reads one outbox row selected with rowColumns into an item, as the log would carry it.
+// scanRow reads one outbox row selected with the columns of the statements that read events back
+// (internal/pgsql's event_columns.sql) into an item, as the log would carry it.
 func scanRow(rows pgx.Rows) (item, error) {
 	var (
 		it       item

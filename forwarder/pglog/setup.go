@@ -39,9 +39,7 @@ func (r *Relay) checkServer(ctx context.Context) error {
 		version        int
 		replication    bool
 	)
-	err := r.cfg.Pool.QueryRow(ctx, `SELECT current_setting('wal_level'), current_setting('server_version_num')::int, current_user,
-		coalesce((SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user), false)`).
-		Scan(&walLevel, &version, &role, &replication)
+	err := r.cfg.Pool.QueryRow(ctx, r.sql.ServerSettings).Scan(&walLevel, &version, &role, &replication)
 	if err != nil {
 		return fmt.Errorf("log relay %s: read the server's settings: %w", r.fcfg.Name, err)
 	}
@@ -81,12 +79,9 @@ func (r *Relay) ensurePublication(ctx context.Context) error {
 			all, ins, upd, del, trunc bool
 			tables                    []string
 		)
-		err := r.cfg.Pool.QueryRow(ctx, `SELECT p.puballtables, p.pubinsert, p.pubupdate, p.pubdelete, p.pubtruncate,
-			coalesce((SELECT array_agg(t.schemaname || '.' || t.tablename ORDER BY 1) FROM pg_publication_tables t WHERE t.pubname = p.pubname), '{}')
-			FROM pg_publication p WHERE p.pubname = $1`, r.cfg.PublicationName).Scan(&all, &ins, &upd, &del, &trunc, &tables)
+		err := r.cfg.Pool.QueryRow(ctx, r.sql.Publication, r.cfg.PublicationName).Scan(&all, &ins, &upd, &del, &trunc, &tables)
 		if errors.Is(err, pgx.ErrNoRows) {
-			_, err = r.cfg.Pool.Exec(ctx, fmt.Sprintf("CREATE PUBLICATION %s FOR TABLE %s WITH (publish = 'insert')",
-				r.ident(r.cfg.PublicationName), r.table("outbox")))
+			_, err = r.cfg.Pool.Exec(ctx, r.sql.CreatePublication(r.cfg.PublicationName))
 			if err == nil || sqlState(err) == codeDuplicateObject {
 				continue // read it back; another relay may have made it first
 			}
@@ -129,9 +124,7 @@ type slotState struct {
 func (r *Relay) readSlot(ctx context.Context) (slotState, error) {
 	var s slotState
 	var confirmed *string
-	err := r.cfg.Pool.QueryRow(ctx, `SELECT coalesce(plugin, ''), slot_type, coalesce(database::text, ''), coalesce(wal_status, ''),
-		confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1`, r.cfg.SlotName).
-		Scan(&s.plugin, &s.slotType, &s.database, &s.walStatus, &confirmed)
+	err := r.cfg.Pool.QueryRow(ctx, r.sql.ReplicationSlot, r.cfg.SlotName).Scan(&s.plugin, &s.slotType, &s.database, &s.walStatus, &confirmed)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return s, nil
 	}
@@ -155,8 +148,7 @@ type checkpoint struct {
 func (r *Relay) readCheckpoint(ctx context.Context) (checkpoint, error) {
 	var c checkpoint
 	var lsn string
-	err := r.cfg.Pool.QueryRow(ctx, fmt.Sprintf(`SELECT mode, confirmed_lsn::text FROM %s WHERE name = $1`, r.table("log_relays")),
-		r.fcfg.Name).Scan(&c.mode, &lsn)
+	err := r.cfg.Pool.QueryRow(ctx, r.sql.ReadCheckpoint, r.fcfg.Name).Scan(&c.mode, &lsn)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return c, nil
 	}
@@ -174,9 +166,7 @@ func (r *Relay) beginBackfill(ctx context.Context) error { return r.writeCheckpo
 
 // writeCheckpoint sets the relay group's checkpoint row to lsn (0: a backfill is to be done).
 func (r *Relay) writeCheckpoint(ctx context.Context, lsn pglogrepl.LSN) error {
-	_, err := r.cfg.Pool.Exec(ctx, fmt.Sprintf(`INSERT INTO %s (name, slot_name, mode, confirmed_lsn) VALUES ($1, $2, $3, $4::text::pg_lsn)
-		ON CONFLICT (name) DO UPDATE SET slot_name = excluded.slot_name, mode = excluded.mode, confirmed_lsn = excluded.confirmed_lsn, updated_at = now()`,
-		r.table("log_relays")), r.fcfg.Name, r.cfg.SlotName, string(r.cfg.Mode), lsn.String())
+	_, err := r.cfg.Pool.Exec(ctx, r.sql.WriteCheckpoint, r.fcfg.Name, r.cfg.SlotName, string(r.cfg.Mode), lsn.String())
 	if err != nil {
 		return fmt.Errorf("write the relay's checkpoint: %w", err)
 	}
@@ -185,8 +175,7 @@ func (r *Relay) writeCheckpoint(ctx context.Context, lsn pglogrepl.LSN) error {
 
 // freeSlots says how many more replication slots the server takes.
 func (r *Relay) freeSlots(ctx context.Context) (free, max int, err error) {
-	err = r.cfg.Pool.QueryRow(ctx, `SELECT current_setting('max_replication_slots')::int - (SELECT count(*) FROM pg_replication_slots)::int,
-		current_setting('max_replication_slots')::int`).Scan(&free, &max)
+	err = r.cfg.Pool.QueryRow(ctx, r.sql.FreeSlots).Scan(&free, &max)
 	return free, max, err
 }
 
