@@ -23,23 +23,23 @@ func TestCompactKeepsPositionsAndCounts(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	done := func(i int) { d.fifo[i].done = true; d.doneBehind++ }
+	done := func(i int) { d.window.fifo[i].done = true; d.window.doneBehind++ }
 	done(2) // a
 	done(4) // b
 	done(6) // c: of the transaction still open
 	d.advance()
-	if d.window() != 3 { // held, end 30 (standing for end 10, a, end 20, b, and c), open
-		t.Fatalf("window %d after compaction, want 3", d.window())
+	if d.window.len() != 3 { // held, end 30 (standing for end 10, a, end 20, b, and c), open
+		t.Fatalf("window %d after compaction, want 3", d.window.len())
 	}
-	if !slices.Equal(d.pendingDel, []string{"a", "b", "c"}) {
-		t.Fatalf("rows to remove %v, want a, b, c", d.pendingDel)
+	if !slices.Equal(d.checkpoint.del, []string{"a", "b", "c"}) {
+		t.Fatalf("rows to remove %v, want a, b, c", d.checkpoint.del)
 	}
-	if d.popped != 0 || d.confirmable != 0 {
-		t.Fatalf("popped %d, confirmable %s before the head is done", d.popped, d.confirmable)
+	if d.window.popped != 0 || d.checkpoint.confirmable != 0 {
+		t.Fatalf("popped %d, confirmable %s before the head is done", d.window.popped, d.checkpoint.confirmable)
 	}
-	d.fifo[d.head].done = true // held, published
+	d.window.fifo[d.window.head].done = true // held, published
 	d.advance()
-	if d.confirmable != 30 || d.popped != 7 {
-		t.Fatalf("confirmable %s, popped %d; want 0/1E and 7 (every item before the open one)", d.confirmable, d.popped)
+	if d.checkpoint.confirmable != 30 || d.window.popped != 7 {
+		t.Fatalf("confirmable %s, popped %d; want 0/1E and 7 (every item before the open one)", d.checkpoint.confirmable, d.window.popped)
 	}
 }
