@@ -314,9 +314,9 @@ func (b *turns) Publish(_ string, msgs ...*message.Message) error {
 
 func (b *turns) Close() error { return nil }
 
-// Rows in flight when the broker goes away, each published alone (PublishRow, as the log relay
-// does), open the circuit once: one step of its backoff, as one pass's failures take, not one per
-// row; the others come back released, their attempts untouched.
+// Rows in flight when the broker goes away, each published alone (SourceRelay.PublishRow, as the
+// log relay does), open the circuit once: one step of its backoff, as one pass's failures take,
+// not one per row; the others come back released, their attempts untouched.
 func TestCircuit_RowsInFlightOpenItOnce(t *testing.T) {
 	const n = 6
 	broker := &turns{in: make(chan int, n)}
@@ -329,35 +329,40 @@ func TestCircuit_RowsInFlightOpenItOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx := context.Background()
 	row := func(i int) store.OutboxRow {
 		return store.OutboxRow{Seq: int64(i + 1), UUID: fmt.Sprintf("0193a1f0-0000-7000-8000-%012d", i), Topic: "orders",
 			PartitionKey: fmt.Sprintf("o-%d", i), Payload: []byte{byte(i)}, Metadata: []byte(`{}`)}
 	}
-	out := make([]chan forwarder.Delivery, n)
-	for i := range n {
-		out[i] = make(chan forwarder.Delivery, 1)
-		go func() { out[i] <- relay.PublishRow(ctx, row(i)) }()
-	}
-	for range n {
-		<-broker.in // all in flight
-	}
-	unreachable := 0
-	for i := range n {
-		close(broker.turn[i])
-		d := <-out[i]
-		if d.UnreachableErr != nil {
-			unreachable++
+	err = relay.RunSource(context.Background(), sourceFunc(func(ctx context.Context, src *forwarder.SourceRelay) error {
+		out := make([]chan forwarder.Delivery, n)
+		for i := range n {
+			out[i] = make(chan forwarder.Delivery, 1)
+			go func() { out[i] <- src.PublishRow(ctx, row(i)) }()
 		}
-		if len(d.Published) != 0 || len(d.Failed) != 0 || d.Released != 1 {
-			t.Errorf("row %d: published %v, failed %v, released %d; want it released", i, d.Published, d.Failed, d.Released)
+		for range n {
+			<-broker.in // all in flight
 		}
-	}
-	if unreachable != 1 {
-		t.Errorf("%d rows reported the broker unreachable, want the first alone", unreachable)
-	}
-	d := relay.PublishRow(ctx, row(0))
-	if want := clock.Now().Add(time.Second); !d.CircuitOpen || !d.RetryAt.Equal(want) {
-		t.Errorf("after the outage: circuit open %v, probe at %s; want open, probe at %s (one step of the backoff)", d.CircuitOpen, d.RetryAt, want)
+		unreachable := 0
+		for i := range n {
+			close(broker.turn[i])
+			d := <-out[i]
+			if d.UnreachableErr != nil {
+				unreachable++
+			}
+			if len(d.Published) != 0 || len(d.Failed) != 0 || d.Released != 1 {
+				t.Errorf("row %d: published %v, failed %v, released %d; want it released", i, d.Published, d.Failed, d.Released)
+			}
+		}
+		if unreachable != 1 {
+			t.Errorf("%d rows reported the broker unreachable, want the first alone", unreachable)
+		}
+		d := src.PublishRow(ctx, row(0))
+		if want := clock.Now().Add(time.Second); !d.CircuitOpen || !d.RetryAt.Equal(want) {
+			t.Errorf("after the outage: circuit open %v, probe at %s; want open, probe at %s (one step of the backoff)", d.CircuitOpen, d.RetryAt, want)
+		}
+		return nil
+	}))
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -13,6 +13,11 @@
 // broker cannot be reached opens a circuit instead: no attempt is counted, passes pause while the
 // relay watches the broker (every CircuitWatch), and the backlog drains by itself as soon as the
 // broker answers again.
+//
+// Rows read by other means than claiming them — a database's log — go through the same publish
+// path: a Source, run by RunSource, gets the forwarder's per-key lanes, circuit, backoff, dead
+// letters, pauses, heartbeat, metrics and tracing, and records its own progress (package
+// forwarder/pglog is one, on Postgres's write-ahead log).
 package forwarder
 
 import (
@@ -223,7 +228,7 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 }
 
 // report accounts for what the publishing phase did, once the store has recorded it (or, for
-// rows of another source, once they are handed back): the result, the metrics, the circuit and
+// rows of a Source, once they are handed back): the result, the metrics, the circuit and
 // the logs.
 func (f *Forwarder) report(rows []store.OutboxRow, out outcome, outcome store.Outcome, dead int, res *Result) {
 	res.Published = len(out.published)
@@ -287,5 +292,5 @@ func (f *Forwarder) outcome(out outcome) (store.Outcome, int) {
 	return o, dead
 }
 
-// errAlreadyRunning is returned by a second concurrent Run.
-var errAlreadyRunning = errors.New("forwarder: Run is already running on this Forwarder; create another Forwarder for more relays")
+// errAlreadyRunning is returned by a Run or RunSource while another runs on the Forwarder.
+var errAlreadyRunning = errors.New("forwarder: Run or RunSource is already running on this Forwarder; create another Forwarder for more relays")

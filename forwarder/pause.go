@@ -64,29 +64,23 @@ func (p *pauseSet) equal(o *pauseSet) bool {
 	return true
 }
 
-// Paused reports whether a row of topic must wait now: its topic or the relay (by its Name) is
-// paused, as of the pauses the heartbeat last read. For a relay of another source (package
-// forwarder/pglog), which runs Heartbeat beside PublishRows; PublishRows itself publishes no row
-// that is paused.
-func (f *Forwarder) Paused(topic string) bool { return f.paused(topic) }
-
-// Pausing reports whether any pause that concerns this relay is in force: its Name's, or a
+// pausing reports whether any pause that concerns this relay is in force: its Name's, or a
 // topic's.
-func (f *Forwarder) Pausing() bool {
+func (f *Forwarder) pausing() bool {
 	p := f.relay.pauses.Load()
 	return p != nil && (p.relay || len(p.topics) > 0)
 }
 
-// RelayPaused reports whether relays of this forwarder's Name are paused, as of the pauses the
+// relayPaused reports whether relays of this forwarder's Name are paused, as of the pauses the
 // heartbeat last read.
-func (f *Forwarder) RelayPaused() bool {
+func (f *Forwarder) relayPaused() bool {
 	p := f.relay.pauses.Load()
 	return p != nil && p.relay
 }
 
-// PausesChanged returns a channel closed once the heartbeat reads pauses other than the ones in
-// force when it was called: a relay holding paused rows waits on it to go on at once on resume.
-func (f *Forwarder) PausesChanged() <-chan struct{} {
+// pausesChanged returns a channel closed once the heartbeat reads pauses other than the ones in
+// force when it was called.
+func (f *Forwarder) pausesChanged() <-chan struct{} {
 	f.relay.changedMu.Lock()
 	defer f.relay.changedMu.Unlock()
 	if f.relay.changed == nil {
@@ -94,20 +88,6 @@ func (f *Forwarder) PausesChanged() <-chan struct{} {
 	}
 	return f.relay.changed
 }
-
-// Heartbeat reads the pauses and reports the relay every HeartbeatInterval, as Run does beside
-// its passes, until ctx ends — for a relay of another source (package forwarder/pglog) that
-// publishes through PublishRows. It returns at once when the store keeps no pauses
-// (store.RelayControl).
-func (f *Forwarder) Heartbeat(ctx context.Context) {
-	if rc, ok := store.RelayControlOf(f.cfg.Store); ok {
-		f.heartbeatLoop(ctx, rc)
-	}
-}
-
-// IdlePass records a round of another source's relay that had nothing to publish: Health's
-// LastPass (and the last-pass metric, and the heartbeat's) stay current while it is idle or paused.
-func (f *Forwarder) IdlePass() { f.passDone(false) }
 
 // countPublished adds a pass's published rows to the per-topic totals the heartbeat reports.
 func (f *Forwarder) countPublished(rows []store.OutboxRow, published []publishedRow) {
@@ -129,7 +109,8 @@ func (f *Forwarder) countPublished(rows []store.OutboxRow, published []published
 	f.relay.published += int64(len(published))
 }
 
-// heartbeatLoop reads the pauses and reports the relay every HeartbeatInterval until ctx ends.
+// heartbeatLoop reads the pauses and reports the relay every HeartbeatInterval until ctx ends:
+// beside Run's passes, or a source's run (RunSource).
 func (f *Forwarder) heartbeatLoop(ctx context.Context, rc store.RelayControl) {
 	host, _ := os.Hostname()
 	ticker := time.NewTicker(f.cfg.HeartbeatInterval)

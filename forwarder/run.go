@@ -21,8 +21,8 @@ import (
 // Database and broker failures never end it: it logs them and backs off. What no outage explains
 // ends it at once, with an error that says what to do: outboxkit's tables missing or migrated by a
 // newer build, the database or the broker (when its publisher can check, as the backends' do)
-// refusing the relay's credentials. Retention runs on its own timer. Run may not be called twice at
-// once on one Forwarder.
+// refusing the relay's credentials. Retention runs on its own timer. Run may not run at once with
+// another Run or a RunSource on one Forwarder: it returns an error at once.
 func (f *Forwarder) Run(ctx context.Context) error {
 	if !f.running.CompareAndSwap(false, true) {
 		return errAlreadyRunning

@@ -28,7 +28,7 @@ type entry struct {
 //
 // There are no rounds: a row starts as soon as it may go — decoded, due, its topic and the relay
 // not paused, and no earlier row of its key in flight or waiting — in a goroutine of its own
-// (forwarder.PublishRow), up to MaxInFlight rows at once. Since a key has at most one row in
+// (forwarder.SourceRelay.PublishRow), up to MaxInFlight rows at once. Since a key has at most one row in
 // flight, that also bounds the keys in flight; a row without a key is a lane of its own. Each
 // outcome comes back over done, and the dispatcher's goroutine alone records it, so all the
 // state below is its own; a key's next row starts at the first turn of the loop after its
@@ -111,7 +111,7 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 		}
 		now := r.fcfg.Now()
 		// Taken before the pauses are read: a resume after this closes it.
-		pausesChanged := r.fwd.PausesChanged()
+		pausesChanged := d.s.fwd.PausesChanged()
 		wakeAt := time.Time{}
 		if stop.Err() == nil {
 			wakeAt = d.launch(now)
@@ -163,7 +163,7 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 			}
 			d.startFlush(ctx)
 			// Alive, and its database answers: the last pass stays current while idle or paused.
-			r.fwd.IdlePass()
+			d.s.fwd.IdlePass()
 		case <-stop.Done():
 			// Wait for the reader to stop; flush below.
 			for it := range d.s.in {

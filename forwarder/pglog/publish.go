@@ -40,7 +40,7 @@ func (d *dispatcher) launch(now time.Time) time.Time {
 		limit = 1
 	}
 	free := max(limit-d.publish.inFlight, 0)
-	if free == 0 && (!d.s.r.fwd.Pausing() || time.Since(d.publish.countedAt) < heldCountEvery) {
+	if free == 0 && (!d.s.fwd.Pausing() || time.Since(d.publish.countedAt) < heldCountEvery) {
 		return time.Time{} // an outcome coming back wakes the loop
 	}
 	batch, wakeAt := d.eligible(now, free)
@@ -56,7 +56,7 @@ func (d *dispatcher) launch(now time.Time) time.Time {
 // paused relay publishes nothing.
 func (d *dispatcher) eligible(now time.Time, limit int) (batch []*entry, wakeAt time.Time) {
 	r := d.s.r
-	pausing := r.fwd.Pausing()
+	pausing := d.s.fwd.Pausing()
 	if !pausing {
 		r.held.Store(0)
 	}
@@ -66,7 +66,7 @@ func (d *dispatcher) eligible(now time.Time, limit int) (batch []*entry, wakeAt 
 	if count {
 		d.publish.countedAt = time.Now()
 	}
-	if r.fwd.RelayPaused() {
+	if d.s.fwd.RelayPaused() {
 		if !count {
 			return nil, time.Time{}
 		}
@@ -101,7 +101,7 @@ func (d *dispatcher) eligible(now time.Time, limit int) (batch []*entry, wakeAt 
 			continue // an event in flight has its key in d.publish.busy
 		}
 		k := e.row.PartitionKey
-		if pausing && (k != "" && paused[k] || r.fwd.Paused(e.row.Topic)) {
+		if pausing && (k != "" && paused[k] || d.s.fwd.Paused(e.row.Topic)) {
 			nPaused++
 			if k != "" {
 				paused[k] = true
@@ -157,7 +157,7 @@ func (d *dispatcher) start(e *entry) {
 		d.publish.busy[k] = true
 	}
 	d.publish.busySeqs[e.row.Seq] = true
-	row, fwd, ctx, done := e.row, d.s.r.fwd, d.publish.ctx, d.publish.done
+	row, fwd, ctx, done := e.row, d.s.fwd, d.publish.ctx, d.publish.done
 	go func() { done <- completion{e: e, del: fwd.PublishRow(ctx, row)} }()
 }
 

@@ -1,8 +1,9 @@
 // Package pglog is the log relay: a source for the forwarder that reads the outbox's events from
 // Postgres's write-ahead log through a logical replication slot (the pgoutput plugin) instead of
 // claiming rows. Events arrive in commit order, with no claim query, no UPDATE per event and no
-// polling; they go through the forwarder's publish path (forwarder.PublishRow: the broker circuit,
-// backoff, dead-lettering, metrics, tracing), so a broker sees the same messages as from the
+// polling; they go through the forwarder's publish path (the Relay is a forwarder.Source, run by
+// forwarder.RunSource: the broker circuit, backoff, dead-lettering, pauses, heartbeat, metrics,
+// tracing), so a broker sees the same messages as from the
 // polling relay. Each event is published as soon as it is decoded, unless an earlier event of its
 // partition key is still in flight or waiting: a key's events go one at a time, in commit order.
 //
@@ -126,7 +127,6 @@ type Config struct {
 // Relay reads the outbox from a replication slot and publishes it. Run may run once at a time.
 type Relay struct {
 	cfg    Config
-	fwd    *forwarder.Forwarder
 	fcfg   forwarder.Config
 	schema string
 	sql    *pgsql.LogRelay // the statements, rendered for schema
@@ -201,7 +201,7 @@ func New(cfg Config) (*Relay, error) {
 		return nil, fmt.Errorf("pglog config: %w", err)
 	}
 	fcfg := cfg.Forwarder.Config()
-	r := &Relay{cfg: cfg, fwd: cfg.Forwarder, fcfg: fcfg, schema: fcfg.Store.Info().Schema, log: fcfg.Logger,
+	r := &Relay{cfg: cfg, fcfg: fcfg, schema: fcfg.Store.Info().Schema, log: fcfg.Logger,
 		activeCh: make(chan struct{})}
 	if r.schema == "" {
 		r.schema = "outboxkit"
@@ -280,7 +280,18 @@ func (r *Relay) setActive(on bool) {
 // CircuitBackoff and reads again from the slot's confirmed position (events published but not yet
 // confirmed are published again: a duplicate, never a loss). While another relay reads the slot
 // it waits as a standby.
-func (r *Relay) Run(ctx context.Context) error {
+//
+// It runs through its Forwarder's RunSource, which reads the pauses and reports the relay (the
+// console lists it) every HeartbeatInterval from the start; so it may not run at once with the
+// Forwarder's Run or another source's run on it.
+func (r *Relay) Run(ctx context.Context) error { return r.cfg.Forwarder.RunSource(ctx, r) }
+
+var _ forwarder.Source = (*Relay)(nil)
+
+// Relay is the log relay as a forwarder.Source: Run hands it to its Forwarder's RunSource, which
+// runs the heartbeat beside it, and it does all that Run says with sr as its publish path and
+// pauses. Call Run; Relay is exported to implement the interface.
+func (r *Relay) Relay(ctx context.Context, sr *forwarder.SourceRelay) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("pglog: Run is already running on this Relay; create another Relay for a standby")
 	}
@@ -289,22 +300,10 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	r.log.Info("Log relay starting", r.fields)
-	// The pauses, read and acknowledged every HeartbeatInterval, and the relay's heartbeat: the
-	// console lists the relay, and its pauses hold the dispatcher (dispatch.go).
-	hbCtx, stopHeartbeat := context.WithCancel(context.WithoutCancel(ctx))
-	hbDone := make(chan struct{})
-	go func() {
-		defer close(hbDone)
-		r.fwd.Heartbeat(hbCtx)
-	}()
-	defer func() {
-		stopHeartbeat()
-		<-hbDone
-	}()
 	failures := 0
 	standby := false
 	for {
-		err := r.session(ctx)
+		err := r.session(ctx, sr)
 		r.setActive(false)
 		if ctx.Err() != nil {
 			r.log.Info("Log relay stopped", r.fields)

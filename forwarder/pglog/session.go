@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
+	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -39,6 +40,7 @@ type item struct {
 // stream it and publish until ctx ends or the connection fails.
 type session struct {
 	r    *Relay
+	fwd  *forwarder.SourceRelay // the forwarder's publish path and pauses
 	conn *pgconn.PgConn
 	in   chan item
 	// failed is closed when the dispatcher fails: the reader stops.
@@ -72,7 +74,7 @@ func (r *Relay) replicationConfig() *pgconn.Config {
 	return c
 }
 
-func (r *Relay) session(ctx context.Context) error {
+func (r *Relay) session(ctx context.Context, fwd *forwarder.SourceRelay) error {
 	conn, err := pgconn.ConnectConfig(ctx, r.replicationConfig())
 	if err != nil {
 		return fmt.Errorf("open the replication connection: %w", err)
@@ -82,7 +84,7 @@ func (r *Relay) session(ctx context.Context) error {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	s := &session{r: r, conn: conn, in: make(chan item, 1024), failed: make(chan struct{})}
+	s := &session{r: r, fwd: fwd, conn: conn, in: make(chan item, 1024), failed: make(chan struct{})}
 
 	slot, err := r.readSlot(ctx)
 	if err != nil {
