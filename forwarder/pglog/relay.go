@@ -3,9 +3,9 @@
 // claiming rows. Events arrive in commit order, with no claim query, no UPDATE per event and no
 // polling; they go through the forwarder's publish path (the Relay is a forwarder.Source, run by
 // forwarder.RunSource: the broker circuit, backoff, dead-lettering, pauses, heartbeat, metrics,
-// tracing), so a broker sees the same messages as from the
-// polling relay. Each event is published as soon as it is decoded, unless an earlier event of its
-// partition key is still in flight or waiting: a key's events go one at a time, in commit order.
+// tracing), so a broker sees the same messages as from the polling relay. Each event is
+// published as soon as it is decoded, unless an earlier event of its partition key is still in
+// flight or waiting: a key's events go one at a time, in commit order.
 //
 // The relay creates, once per relay group (the forwarder's Name), a publication of the outbox's
 // INSERTs and a replication slot, and keeps them across restarts: a relay never starts from the
