@@ -1,7 +1,12 @@
 # outboxkit — see README.md. Every target that needs services starts the local ones if they are down.
 
 GO        ?= go
-PKGS      ?= ./...
+# The library and its integration suites, two modules of one workspace (go.work): integration/ has a
+# go.mod of its own so that what only the tests need (dockertest, chromedp, kfake, Watermill's
+# Pub/Sub suite) stays out of the module graph of every service that requires outboxkit. ./... stops
+# at a nested module, so both are named; tools/kfake, a third module, is a command with no tests.
+PKGS      ?= ./... ./integration/...
+MODULES   ?= . integration tools/kfake
 PG_URL    ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 AMQP_URL  ?= amqp://guest:guest@127.0.0.1:5672/
 NATS_URL  ?= nats://127.0.0.1:4222
@@ -67,12 +72,17 @@ chaos-all: services
 		$(GO) run ./internal/cmd/chaos --store $${run%%:*} --broker $${run##*:} $(CHAOS_ARGS) || failed="$$failed $$run"; \
 	done; if [ -n "$$failed" ]; then echo "chaos failed:$$failed"; exit 1; fi
 
-## lint: formatting, a tidy go.mod, vet and staticcheck, and the exported-API changes since the last
-## release (scripts/apidiff.sh: a breaking change CHANGELOG.md's [Unreleased] section does not name fails).
+## lint: formatting, a tidy go.mod in each module, vet and staticcheck, each module built on its own
+## go.mod, and the exported-API changes since the last release (scripts/apidiff.sh: a breaking change
+## CHANGELOG.md's [Unreleased] section does not name fails).
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
-	@$(GO) mod tidy -diff || { echo "go.mod or go.sum is not tidy: run make tidy and commit"; exit 1; }
+	@for m in $(MODULES); do (cd $$m && $(GO) mod tidy -diff) || { echo "$$m/go.mod or go.sum is not tidy: run make tidy and commit"; exit 1; }; done
 	$(GO) vet $(PKGS)
+	@# The workspace builds each module with the highest version any of them requires; a user of the
+	@# library gets only the library's own. So each builds once more on its go.mod alone.
+	GOWORK=off $(GO) build ./...
+	cd integration && GOWORK=off $(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 $(PKGS)
 	scripts/apidiff.sh
 
@@ -93,4 +103,4 @@ tools:
 	@scripts/tools.sh
 
 tidy:
-	$(GO) mod tidy
+	@for m in $(MODULES); do echo "go mod tidy in $$m"; (cd $$m && $(GO) mod tidy) || exit 1; done

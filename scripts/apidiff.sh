@@ -13,6 +13,10 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+# The library's module alone: in the workspace (go.work) its import path's pattern would take in the
+# integration module's packages too, and the release's worktree under .cache/ would be taken for a
+# directory of this workspace that no `use` names.
+export GOWORK=off
 
 apidiff_version=v0.0.0-20261113113407-e3970619a1a4
 # apidiff says which internal packages it skips, one line each: not news.

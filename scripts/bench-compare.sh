@@ -75,7 +75,8 @@ if [ -z "$ref_pkg" ]; then
   exit 2
 fi
 echo "building ref $short's $ref_pkg in $tree"
-(cd "$tree" && go build -o "$cache/bin/bench-$short" "./$ref_pkg")
+# GOWORK=off: the tree lies under this one, whose go.work (if it has none of its own) does not use it.
+(cd "$tree" && GOWORK=off go build -o "$cache/bin/bench-$short" "./$ref_pkg")
 
 current=$(git rev-parse --short=7 HEAD)
 [ -z "$(git status --porcelain --untracked-files=no)" ] || current="$current+changes"
