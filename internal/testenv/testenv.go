@@ -1,9 +1,15 @@
 // Package testenv gives tests the real services they run against.
 //
-// Each service comes from an environment variable when it is set (CI sets them to the machine's
-// local services); otherwise from a container started with dockertest when a Docker engine
-// answers; otherwise the test is skipped with a message naming the variable. Under CI=true a
-// missing service fails the test instead: a skipped test must never pass for a green run.
+// Each service comes from an environment variable when it is set (make test and CI set them to the
+// machine's local services); otherwise, when StartContainer is installed, from a container it
+// starts; otherwise the test is skipped with a message naming the variable. Under CI=true (or
+// OUTBOXKIT_REQUIRE_SERVICES) a missing service fails the test instead: a skipped test must never
+// pass for a green run.
+//
+// The library's own package tests have no container fallback: they take the variables. Only the
+// integration module (integration/) installs StartContainer, from its TestMains, with dockertest
+// (integration/internal/containers), so that neither dockertest nor the Docker client it brings
+// is a requirement of the library's module.
 package testenv
 
 import (
@@ -12,10 +18,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
-
-	"github.com/ory/dockertest/v3"
-	"github.com/ory/dockertest/v3/docker"
 )
 
 // Environment variables naming the services.
@@ -31,15 +33,28 @@ const (
 	EnvPGLogical = "OUTBOXKIT_TEST_PGLOGICAL_URL"
 )
 
+// ContainerSpec is the container a service can be started in when its variable is unset.
+type ContainerSpec struct {
+	Repository, Tag string
+	Env             []string // the container's environment, NAME=value
+	Cmd             []string // arguments to the image's entry point
+	Port            string   // the port the service listens on in the container, "5432/tcp"
+	// URL is the service's URL, given the host address ("127.0.0.1:49153") Port is published on.
+	URL func(hostPort string) string
+	// Ready returns nil once the service answers at url; StartContainer retries it until then.
+	Ready func(url string) error
+}
+
+// StartContainer, when set, starts spec's container and returns the service's URL once
+// spec.Ready says it answers. It is called at most once per service and test binary, the first
+// time a test asks for a service whose variable is unset. Set it before the tests run (TestMain):
+// the integration module's packages set it to integration/internal/containers.Start.
+var StartContainer func(spec ContainerSpec) (url string, err error)
+
 type service struct {
-	env        string
-	example    string
-	repository string
-	tag        string
-	cmd        []string
-	envVars    []string
-	port       string
-	url        func(hostPort string) string
+	env       string
+	example   string
+	container ContainerSpec
 
 	once sync.Once
 	got  string
@@ -48,56 +63,70 @@ type service struct {
 
 var (
 	postgresService = &service{
-		env:        EnvPostgres,
-		example:    "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
-		repository: "postgres", tag: "16",
-		envVars: []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test"},
-		port:    "5432/tcp",
-		url: func(hp string) string {
-			return "postgres://postgres@" + hp + "/test?sslmode=disable"
+		env:     EnvPostgres,
+		example: "postgres://postgres@127.0.0.1:5432/test?sslmode=disable",
+		container: ContainerSpec{
+			Repository: "postgres", Tag: "16",
+			Env:  []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test"},
+			Port: "5432/tcp",
+			URL: func(hp string) string {
+				return "postgres://postgres@" + hp + "/test?sslmode=disable"
+			},
 		},
 	}
 	pgLogicalService = &service{
-		env:        EnvPGLogical,
-		example:    "$(scripts/pg-logical.sh url), after scripts/pg-logical.sh start",
-		repository: "postgres", tag: "16",
-		cmd:     []string{"-c", "wal_level=logical", "-c", "max_slot_wal_keep_size=256MB", "-c", "max_replication_slots=32", "-c", "max_wal_senders=32"},
-		envVars: []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test"},
-		port:    "5432/tcp",
-		url: func(hp string) string {
-			return "postgres://postgres@" + hp + "/test?sslmode=disable"
+		env:     EnvPGLogical,
+		example: "$(scripts/pg-logical.sh url), after scripts/pg-logical.sh start",
+		container: ContainerSpec{
+			Repository: "postgres", Tag: "16",
+			Cmd:  []string{"-c", "wal_level=logical", "-c", "max_slot_wal_keep_size=256MB", "-c", "max_replication_slots=32", "-c", "max_wal_senders=32"},
+			Env:  []string{"POSTGRES_HOST_AUTH_METHOD=trust", "POSTGRES_DB=test"},
+			Port: "5432/tcp",
+			URL: func(hp string) string {
+				return "postgres://postgres@" + hp + "/test?sslmode=disable"
+			},
 		},
 	}
 	amqpService = &service{
-		env:        EnvAMQP,
-		example:    "amqp://guest:guest@127.0.0.1:5672/",
-		repository: "rabbitmq", tag: "3.13",
-		port: "5672/tcp",
-		url:  func(hp string) string { return "amqp://guest:guest@" + hp + "/" },
+		env:     EnvAMQP,
+		example: "amqp://guest:guest@127.0.0.1:5672/",
+		container: ContainerSpec{
+			Repository: "rabbitmq", Tag: "3.13",
+			Port: "5672/tcp",
+			URL:  func(hp string) string { return "amqp://guest:guest@" + hp + "/" },
+		},
 	}
 
 	mysqlService = &service{
 		env: EnvMySQL, example: "mysql://root@127.0.0.1:3306/test",
-		repository: "mariadb", tag: "10.11",
-		envVars: []string{"MARIADB_ALLOW_EMPTY_ROOT_PASSWORD=1", "MARIADB_DATABASE=test"},
-		port:    "3306/tcp",
-		url:     func(hp string) string { return "mysql://root@" + hp + "/test" },
+		container: ContainerSpec{
+			Repository: "mariadb", Tag: "10.11",
+			Env:  []string{"MARIADB_ALLOW_EMPTY_ROOT_PASSWORD=1", "MARIADB_DATABASE=test"},
+			Port: "3306/tcp",
+			URL:  func(hp string) string { return "mysql://root@" + hp + "/test" },
+		},
 	}
 	natsService = &service{
 		env: EnvNATS, example: "nats://127.0.0.1:4222",
-		repository: "nats", tag: "2", cmd: []string{"-js"}, port: "4222/tcp",
-		url: func(hp string) string { return "nats://" + hp },
+		container: ContainerSpec{
+			Repository: "nats", Tag: "2", Cmd: []string{"-js"}, Port: "4222/tcp",
+			URL: func(hp string) string { return "nats://" + hp },
+		},
 	}
 	redisService = &service{
 		env: EnvRedis, example: "redis://127.0.0.1:6379/0",
-		repository: "redis", tag: "7", port: "6379/tcp",
-		url: func(hp string) string { return "redis://" + hp + "/0" },
+		container: ContainerSpec{
+			Repository: "redis", Tag: "7", Port: "6379/tcp",
+			URL: func(hp string) string { return "redis://" + hp + "/0" },
+		},
 	}
 	kafkaService = &service{
 		env: EnvKafka, example: "kafka://127.0.0.1:9092 (go run ./tools/kfake serves one)",
-		repository: "apache/kafka", tag: "3.9.0", port: "9092/tcp",
-		envVars: []string{"KAFKA_NUM_PARTITIONS=1", "KAFKA_AUTO_CREATE_TOPICS_ENABLE=true"},
-		url:     func(hp string) string { return "kafka://" + hp },
+		container: ContainerSpec{
+			Repository: "apache/kafka", Tag: "3.9.0", Port: "9092/tcp",
+			Env: []string{"KAFKA_NUM_PARTITIONS=1", "KAFKA_AUTO_CREATE_TOPICS_ENABLE=true"},
+			URL: func(hp string) string { return "kafka://" + hp },
+		},
 	}
 )
 
@@ -128,54 +157,22 @@ func (s *service) get(t testing.TB) string {
 	if v := strings.TrimSpace(os.Getenv(s.env)); v != "" {
 		return v
 	}
-	s.once.Do(func() { s.got, s.err = s.startContainer() })
-	if s.err == nil {
-		return s.got
+	msg := fmt.Sprintf("%s is not set: set %s=%s to run this test", s.env, s.env, s.example)
+	if StartContainer != nil {
+		s.once.Do(func() {
+			spec := s.container
+			spec.Ready = func(url string) error { return probe(s, url) }
+			s.got, s.err = StartContainer(spec)
+		})
+		if s.err == nil {
+			return s.got
+		}
+		msg = fmt.Sprintf("%s is not set and no container could be started (%v): set %s=%s to run this test",
+			s.env, s.err, s.env, s.example)
 	}
-	msg := fmt.Sprintf("%s is not set and no container could be started (%v): set %s=%s to run this test",
-		s.env, s.err, s.env, s.example)
 	if os.Getenv("CI") == "true" || os.Getenv("OUTBOXKIT_REQUIRE_SERVICES") != "" {
 		t.Fatal("a missing service is a failure here, not a skip (CI=true or OUTBOXKIT_REQUIRE_SERVICES set): " + msg)
 	}
 	t.Skip(msg)
 	return ""
-}
-
-var (
-	dockerOnce sync.Once
-	dockerPool *dockertest.Pool
-	dockerErr  error
-)
-
-func (s *service) startContainer() (string, error) {
-	dockerOnce.Do(func() {
-		dockerPool, dockerErr = dockertest.NewPool("")
-		if dockerErr == nil {
-			dockerErr = dockerPool.Client.Ping()
-		}
-		if dockerErr != nil {
-			dockerErr = fmt.Errorf("no Docker engine answers: %w", dockerErr)
-		}
-	})
-	if dockerErr != nil {
-		return "", dockerErr
-	}
-	res, err := dockerPool.RunWithOptions(&dockertest.RunOptions{
-		Repository: s.repository, Tag: s.tag, Env: s.envVars, Cmd: s.cmd,
-	}, func(hc *docker.HostConfig) {
-		hc.AutoRemove = true
-		hc.RestartPolicy = docker.RestartPolicy{Name: "no"}
-	})
-	if err != nil {
-		return "", fmt.Errorf("start %s:%s: %w", s.repository, s.tag, err)
-	}
-	// The container outlives no test run by much: Docker removes it when it expires.
-	_ = res.Expire(uint(30 * time.Minute / time.Second))
-	url := s.url(res.GetHostPort(s.port))
-	dockerPool.MaxWait = 2 * time.Minute
-	if err := dockerPool.Retry(func() error { return probe(s, url) }); err != nil {
-		_ = dockerPool.Purge(res)
-		return "", fmt.Errorf("%s:%s did not become ready: %w", s.repository, s.tag, err)
-	}
-	return url, nil
 }
