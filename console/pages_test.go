@@ -2,7 +2,6 @@ package console_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,22 +12,17 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"go.uber.org/goleak"
 
 	"github.com/outboxkit/outboxkit/console"
-	"github.com/outboxkit/outboxkit/forwarder"
-	"github.com/outboxkit/outboxkit/internal/browsertest"
-	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/internal/consoletest"
 	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/sqlitestore"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	browsertest.Stop() // the one browser the tests shared, before looking for leaked goroutines
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintln(os.Stderr, "goroutines left after the tests:", err)
@@ -36,112 +30,6 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
-}
-
-const (
-	operatorToken = "operator-secret-0123456789"
-	viewerToken   = "viewer-secret-0123456789ab"
-)
-
-var tokens = []console.Token{{Name: "alice", Role: console.Operator, Secret: operatorToken}, {Name: "carol", Role: console.Viewer, Secret: viewerToken}}
-
-// openStore is a migrated SQLite store of the test's own.
-func openStore(t testing.TB) *sqlitestore.Store {
-	t.Helper()
-	s, err := sqlitestore.Open(context.Background(), filepath.Join(t.TempDir(), "console.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = s.DB().Close() })
-	if _, err := s.Migrate(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// refusing is a broker that refuses every message.
-type refusing struct{}
-
-func (refusing) Publish(string, ...*message.Message) error {
-	return errors.New("broker refused the message: too large")
-}
-func (refusing) Close() error { return nil }
-
-// seed fills s as an incident would: billing refuses a customer (a group of 12), a payload no
-// consumer decodes (on every consumer), a non-UTF-8 payload, a huge one, and 3 outbox rows the
-// broker refused.
-func seed(t testing.TB, s *sqlitestore.Store) {
-	t.Helper()
-	ctx := context.Background()
-	now := time.Now().Add(-time.Hour)
-	letter := func(consumer, id, key, eventType string, seq int, payload []byte, reason string, at time.Time) {
-		md, _ := json.Marshal(map[string]string{"outboxkit_event_type": eventType, "outboxkit_partition_key": key, "outboxkit_seq": fmt.Sprint(seq),
-			"traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
-		if err := s.Session().DeadLetter(ctx, store.InboxDeadLetter{Consumer: consumer, Topic: "shop.orders", MessageID: id, Payload: payload,
-			Metadata: md, Reason: reason, Deliveries: 1, Now: at}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for i := 0; i < 12; i++ {
-		letter("billing", fmt.Sprintf("0190f7e2-0000-7000-8000-%012d", i), fmt.Sprintf("order-%05d", 100+i), "OrderPlaced", 100+i,
-			[]byte(fmt.Sprintf(`{"order_id":"order-%05d","customer":"c-0042","total_cents":%d}`, 100+i, 1000+i)),
-			`customer "c-0042" has no billing account (--reject-customer)`, now.Add(time.Duration(i)*time.Minute))
-	}
-	for _, c := range []string{"shipping", "billing", "search"} {
-		letter(c, "0190f7e2-0000-7000-8000-poison000001", "order-00999", "OrderPlaced", 999, []byte("not json"),
-			"decode OrderPlaced: invalid character 'o' in literal null (expecting 'u')", now.Add(30*time.Minute))
-	}
-	letter("search", "0190f7e2-0000-7000-8000-binary000001", "order-00500", "OrderPaid", 500, []byte{0xff, 0xfe, 0x00, 'b', 'i', 'n'},
-		"decode OrderPaid: invalid character 'ÿ' looking for beginning of value", now.Add(40*time.Minute))
-	huge := []byte(`{"blob":"` + strings.Repeat("x", 200<<10) + `"}`)
-	letter("search", "0190f7e2-0000-7000-8000-huge00000001", "order-00501", "OrderPaid", 501, huge,
-		"payload too large for the search index (204812 bytes)", now.Add(41*time.Minute))
-
-	tx, err := s.DB().BeginTx(ctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, err := pipeline.NewPublisher(s, tx, pipeline.PublisherConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 3; i++ {
-		if err := pub.Publish("shop.orders", pipeline.NewEvent("OrderPlaced", fmt.Sprintf("order-%05d", 700+i), []byte(`{"big":true}`))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := tx.Commit(); err != nil {
-		t.Fatal(err)
-	}
-	f, err := forwarder.New(forwarder.Config{Store: s, Publisher: refusing{}, MaxAttempts: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.DispatchBatch(ctx); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func newHandler(t testing.TB, s store.Store, tune ...func(*console.Config)) *console.Handler {
-	t.Helper()
-	cfg := console.Config{Store: s, Prefix: "/ops/console", Auth: console.Auth{Tokens: tokens}, Environment: "test",
-		Consumers: map[string][]string{"shipping": {"shop.orders"}, "billing": {"shop.orders"}, "search": {"shop.orders"}}}
-	for _, fn := range tune {
-		fn(&cfg)
-	}
-	h, err := console.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := h.Stop(context.Background()); err != nil {
-			t.Error(err)
-		}
-	})
-	return h
 }
 
 // get serves a GET as the bearer of token and returns the status and body.
@@ -158,13 +46,13 @@ func get(t testing.TB, h http.Handler, path, token string) (int, string) {
 }
 
 func TestEveryPageRendersUnderItsPrefix(t *testing.T) {
-	s := openStore(t)
-	seed(t, s)
-	h := newHandler(t, s)
+	s := consoletest.OpenStore(t)
+	consoletest.Seed(t, s)
+	h := consoletest.NewHandler(t, s)
 	for _, p := range []string{"/ops/console/", "/ops/console/letters", "/ops/console/letters?side=billing", "/ops/console/letters?side=outbox",
 		"/ops/console/letters?q=billing+account", "/ops/console/letters?archived=1", "/ops/console/jobs", "/ops/console/audit",
 		"/ops/console/letters/billing/1", "/ops/console/replay/preview?side=outbox", "/ops/console/login"} {
-		code, body := get(t, h, p, operatorToken)
+		code, body := get(t, h, p, consoletest.OperatorToken)
 		if code != http.StatusOK {
 			t.Errorf("%s: %d %s", p, code, body)
 			continue
@@ -178,13 +66,13 @@ func TestEveryPageRendersUnderItsPrefix(t *testing.T) {
 			}
 		}
 	}
-	if code, _ := get(t, h, "/elsewhere", operatorToken); code != http.StatusNotFound {
+	if code, _ := get(t, h, "/elsewhere", consoletest.OperatorToken); code != http.StatusNotFound {
 		t.Errorf("a path outside the prefix: %d, want 404", code)
 	}
-	if code, body := get(t, h, "/ops/console/letters?from=yesterday", operatorToken); code != http.StatusOK || !strings.Contains(body, "use 2026-12-01 02:30 (UTC)") {
+	if code, body := get(t, h, "/ops/console/letters?from=yesterday", consoletest.OperatorToken); code != http.StatusOK || !strings.Contains(body, "use 2026-12-01 02:30 (UTC)") {
 		t.Errorf("a bad time in the filter: %d, says %q", code, between(body, `id="flash">`, "<"))
 	}
-	code, body := get(t, h, "/ops/console/letters?side=billing&key=order-nothing", operatorToken)
+	code, body := get(t, h, "/ops/console/letters?side=billing&key=order-nothing", consoletest.OperatorToken)
 	if code != http.StatusOK || !strings.Contains(body, "Nothing matches this filter.") || !strings.Contains(body, "order-nothing") {
 		t.Errorf("a filter that matches nothing: %d, %q", code, between(body, `id="empty">`, "</div>"))
 	}
@@ -208,11 +96,11 @@ func TestSchemaNotMigratedSaysWhichVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.DB().Close()
-	h, err := console.New(console.Config{Store: s, Auth: console.Auth{Tokens: tokens}})
+	h, err := console.New(console.Config{Store: s, Auth: console.Auth{Tokens: consoletest.Tokens}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, body := get(t, h, "/", operatorToken)
+	code, body := get(t, h, "/", consoletest.OperatorToken)
 	_, newest, _ := s.SchemaVersion(context.Background())
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, fmt.Sprintf("needs schema version %d", newest)) || !strings.Contains(body, "outboxctl migrate") {
 		t.Fatalf("unmigrated: %d %q", code, between(body, `id="notice"`, "</p>"))
@@ -226,16 +114,16 @@ func TestSchemaNotMigratedSaysWhichVersion(t *testing.T) {
 	if _, err := s.DB().Exec(`INSERT INTO schema_migrations (version, name, applied_at) VALUES (99, 'from_the_future', '2030-01-01T00:00:00.000000Z')`); err != nil {
 		t.Fatal(err)
 	}
-	h2, _ := console.New(console.Config{Store: s, Auth: console.Auth{Tokens: tokens}})
-	if code, body := get(t, h2, "/letters", operatorToken); code != http.StatusServiceUnavailable || !strings.Contains(body, "newer outboxkit (schema version 99)") {
+	h2, _ := console.New(console.Config{Store: s, Auth: console.Auth{Tokens: consoletest.Tokens}})
+	if code, body := get(t, h2, "/letters", consoletest.OperatorToken); code != http.StatusServiceUnavailable || !strings.Contains(body, "newer outboxkit (schema version 99)") {
 		t.Fatalf("newer schema: %d %q", code, between(body, `id="notice"`, "</p>"))
 	}
 }
 
 func TestDetailShowsJSONHexAndTruncatesAHugePayload(t *testing.T) {
-	s := openStore(t)
-	seed(t, s)
-	h := newHandler(t, s)
+	s := consoletest.OpenStore(t)
+	consoletest.Seed(t, s)
+	h := consoletest.NewHandler(t, s)
 	c := store.Console(s.Store)
 	find := func(id string) store.DeadLetter {
 		page, err := c.ListDeadLetters(context.Background(), store.LetterQuery{Side: "search", Limit: 50})
@@ -251,17 +139,17 @@ func TestDetailShowsJSONHexAndTruncatesAHugePayload(t *testing.T) {
 		return store.DeadLetter{}
 	}
 	bin := find("binary000001")
-	_, body := get(t, h, fmt.Sprintf("/ops/console/letters/search/%d", bin.ID), viewerToken)
+	_, body := get(t, h, fmt.Sprintf("/ops/console/letters/search/%d", bin.ID), consoletest.ViewerToken)
 	if !strings.Contains(body, "not valid UTF-8: shown as hex") || !strings.Contains(body, "00000000  ff fe 00 62 69 6e") {
 		t.Fatalf("a non-UTF-8 payload: %q", between(body, `id="payload"`, "</pre>"))
 	}
 	huge := find("huge00000001")
-	_, body = get(t, h, fmt.Sprintf("/ops/console/letters/search/%d", huge.ID), viewerToken)
+	_, body = get(t, h, fmt.Sprintf("/ops/console/letters/search/%d", huge.ID), consoletest.ViewerToken)
 	if !strings.Contains(body, "Shown: the first 64 KiB") || len(body) > 200<<10 {
 		t.Fatalf("a 200 KiB payload: page of %d bytes, truncation said: %v", len(body), strings.Contains(body, "Shown: the first 64 KiB"))
 	}
 	r := httptest.NewRequest("GET", fmt.Sprintf("/ops/console/letters/search/%d/payload", huge.ID), nil)
-	r.Header.Set("Authorization", "Bearer "+viewerToken)
+	r.Header.Set("Authorization", "Bearer "+consoletest.ViewerToken)
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
 	if w.Code != 200 || w.Body.Len() != huge.PayloadSize || !strings.HasPrefix(w.Header().Get("Content-Disposition"), "attachment") ||
@@ -272,18 +160,18 @@ func TestDetailShowsJSONHexAndTruncatesAHugePayload(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, body = get(t, h, fmt.Sprintf("/ops/console/letters/billing/%d", billing.Letters[0].ID), viewerToken)
+	_, body = get(t, h, fmt.Sprintf("/ops/console/letters/billing/%d", billing.Letters[0].ID), consoletest.ViewerToken)
 	for _, want := range []string{`<span class="jk">"customer"</span>`, "4bf92f3577b34da6a3ce929d0e0e4736", "letters share this cause"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("the detail of a JSON letter lacks %q", want)
 		}
 	}
-	hidden := newHandler(t, s, func(c *console.Config) { c.HidePayloads = true })
-	_, body = get(t, hidden, fmt.Sprintf("/ops/console/letters/billing/%d", billing.Letters[0].ID), viewerToken)
+	hidden := consoletest.NewHandler(t, s, func(c *console.Config) { c.HidePayloads = true })
+	_, body = get(t, hidden, fmt.Sprintf("/ops/console/letters/billing/%d", billing.Letters[0].ID), consoletest.ViewerToken)
 	if strings.Contains(body, "c-0042\",") || strings.Contains(body, "total_cents") || !strings.Contains(body, "Payloads are hidden") {
 		t.Fatal("HidePayloads: the payload is on the page")
 	}
-	if code, _ := get(t, hidden, fmt.Sprintf("/ops/console/letters/billing/%d/payload", billing.Letters[0].ID), viewerToken); code != http.StatusNotFound {
+	if code, _ := get(t, hidden, fmt.Sprintf("/ops/console/letters/billing/%d/payload", billing.Letters[0].ID), consoletest.ViewerToken); code != http.StatusNotFound {
 		t.Fatalf("HidePayloads: the download answered %d, want 404", code)
 	}
 }
@@ -291,9 +179,9 @@ func TestDetailShowsJSONHexAndTruncatesAHugePayload(t *testing.T) {
 // A POST needs the form's CSRF token unless it carries a bearer token; a viewer is refused an
 // operator's action, and the refusal is audited.
 func TestRolesAndCSRF(t *testing.T) {
-	s := openStore(t)
-	seed(t, s)
-	h := newHandler(t, s)
+	s := consoletest.OpenStore(t)
+	consoletest.Seed(t, s)
+	h := consoletest.NewHandler(t, s)
 	post := func(token, csrfCookie, csrf string, form url.Values) *httptest.ResponseRecorder {
 		if csrf != "" {
 			form.Set("csrf", csrf)
@@ -312,7 +200,7 @@ func TestRolesAndCSRF(t *testing.T) {
 		return w
 	}
 	// A session without the form's token: refused.
-	sess := login(t, h, operatorToken)
+	sess := login(t, h, consoletest.OperatorToken)
 	r := httptest.NewRequest("POST", "/ops/console/topics/shop.orders/pause", strings.NewReader(""))
 	r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	r.AddCookie(sess)
@@ -321,10 +209,10 @@ func TestRolesAndCSRF(t *testing.T) {
 	if w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), "security token") {
 		t.Fatalf("a session's POST without the CSRF token: %d", w.Code)
 	}
-	if w := post(viewerToken, "", "", url.Values{}); w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), "viewer role") {
+	if w := post(consoletest.ViewerToken, "", "", url.Values{}); w.Code != http.StatusForbidden || !strings.Contains(w.Body.String(), "viewer role") {
 		t.Fatalf("a viewer's pause: %d %s", w.Code, w.Body)
 	}
-	if w := post(operatorToken, "", "", url.Values{}); w.Code != http.StatusSeeOther {
+	if w := post(consoletest.OperatorToken, "", "", url.Values{}); w.Code != http.StatusSeeOther {
 		t.Fatalf("an operator's pause with a bearer token: %d %s", w.Code, w.Body)
 	}
 	log, err := store.Console(s.Store).AuditLog(context.Background(), 0, 10)
@@ -370,7 +258,7 @@ func login(t testing.TB, h http.Handler, token string) *http.Cookie {
 }
 
 func TestLocalOnlyRefusesRemoteAndProxied(t *testing.T) {
-	s := openStore(t)
+	s := consoletest.OpenStore(t)
 	h, err := console.New(console.Config{Store: s, Auth: console.Auth{LocalOnly: true}})
 	if err != nil {
 		t.Fatal(err)
@@ -404,9 +292,9 @@ func TestLocalOnlyRefusesRemoteAndProxied(t *testing.T) {
 
 // Replaying a letter already replayed is a no-op that says so.
 func TestReplayingTwiceIsANoOpThatSaysSo(t *testing.T) {
-	s := openStore(t)
-	seed(t, s)
-	h := newHandler(t, s, func(c *console.Config) { c.Publisher = &recorder{} })
+	s := consoletest.OpenStore(t)
+	consoletest.Seed(t, s)
+	h := consoletest.NewHandler(t, s, func(c *console.Config) { c.Publisher = &consoletest.Recorder{} })
 	page, err := store.Console(s.Store).ListDeadLetters(context.Background(), store.LetterQuery{Side: "billing", Limit: 2})
 	if err != nil {
 		t.Fatal(err)
@@ -415,7 +303,7 @@ func TestReplayingTwiceIsANoOpThatSaysSo(t *testing.T) {
 		form := url.Values{"action": {"replay"}, "id": refs}
 		r := httptest.NewRequest("POST", "/ops/console/letters/act", strings.NewReader(form.Encode()))
 		r.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		r.Header.Set("Authorization", "Bearer "+operatorToken)
+		r.Header.Set("Authorization", "Bearer "+consoletest.OperatorToken)
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
 		loc, _ := url.Parse(w.Header().Get("Location"))

@@ -29,7 +29,8 @@ var (
 	buildErr  error
 )
 
-// binaries builds cmd/demo, cmd/outboxctl and internal/cmd/chaos once per test run.
+// binaries builds cmd/demo, cmd/outboxctl and internal/cmd/chaos once per test run, in the
+// library's module (the repository's root), whose go.mod is the one that covers their dependencies.
 func binaries(t *testing.T) (demo, ctl string) {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -38,7 +39,9 @@ func binaries(t *testing.T) (demo, ctl string) {
 			return
 		}
 		for cmd, pkg := range map[string]string{"demo": "cmd/demo", "outboxctl": "cmd/outboxctl", "chaos": "internal/cmd/chaos"} {
-			out, err := exec.Command("go", "build", "-o", filepath.Join(binDir, cmd), "github.com/outboxkit/outboxkit/"+pkg).CombinedOutput()
+			build := exec.Command("go", "build", "-o", filepath.Join(binDir, cmd), "./"+pkg)
+			build.Dir = ".."
+			out, err := build.CombinedOutput()
 			if err != nil {
 				buildErr = fmt.Errorf("build %s: %v\n%s", cmd, err, out)
 				return
@@ -62,10 +65,17 @@ type demoProc struct {
 // startDemo runs the demo binary serving on a free port in schema, until stop or the test's end.
 func startDemo(t *testing.T, pg *testenv.PG, amqpURL string, args ...string) *demoProc {
 	t.Helper()
+	return runDemo(t, nil, append([]string{"--db", pg.URL, "--broker", amqpURL, "--schema", string(pg.Schema), "--addr", "127.0.0.1:0",
+		"--serve", "--orders", "0", "--status-every", "0"}, args...)...)
+}
+
+// runDemo runs the demo binary with args and env (NAME=value, added to the test's environment)
+// until stop or the test's end, and returns once it serves: args must make it serve (--serve).
+func runDemo(t *testing.T, env []string, args ...string) *demoProc {
+	t.Helper()
 	demo, _ := binaries(t)
-	all := append([]string{"--db", pg.URL, "--broker", amqpURL, "--schema", string(pg.Schema), "--addr", "127.0.0.1:0",
-		"--serve", "--orders", "0", "--status-every", "0"}, args...)
-	d := &demoProc{cmd: exec.Command(demo, all...), exited: make(chan struct{})}
+	d := &demoProc{cmd: exec.Command(demo, args...), exited: make(chan struct{})}
+	d.cmd.Env = append(os.Environ(), env...)
 	stdout, _ := d.cmd.StdoutPipe()
 	d.cmd.Stderr = &lockedWriter{d}
 	if err := d.cmd.Start(); err != nil {

@@ -9,5 +9,8 @@
 //
 // This directory is a module of its own (see go.mod), in one workspace with the library (go.work):
 // what only tests need — dockertest, chromedp, kfake, Watermill's Pub/Sub suite — is required here
-// and never by the library's go.mod, so it is in no user's module graph.
+// and never by the library's go.mod, so it is in no user's module graph. Besides the failure matrix
+// it holds the tests of library packages that need such a dependency: integration/console (the
+// console's pages in headless Chromium) and this package's TestConsoleInTheDemo (the demo binary's
+// console, likewise).
 package integration

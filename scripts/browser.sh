@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/browser.sh — make sure a headless Chromium is here for the console's browser tests
-# (console/browser_test.go and cmd/demo/console_browser_test.go, driven by chromedp through
-# internal/browsertest). Idempotent: it installs Debian's `chromium`
+# (integration/console/browser_test.go and integration/demo_console_test.go, driven by chromedp
+# through integration/internal/browsertest). Idempotent: it installs Debian's `chromium`
 # with apt-get only when no usable browser is found, then proves it renders a page headless.
 #
 #   scripts/browser.sh            install if missing, then check (what `make test` and CI call)

@@ -6,55 +6,35 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/chromedp/chromedp"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/console"
 	"github.com/outboxkit/outboxkit/forwarder"
-	"github.com/outboxkit/outboxkit/internal/browsertest"
+	"github.com/outboxkit/outboxkit/integration/internal/browsertest"
+	"github.com/outboxkit/outboxkit/internal/consoletest"
 	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/sqlitestore"
 )
 
 var _ = sqlitestore.Open
 
-// recorder is the broker a replay publishes to.
-type recorder struct {
-	mu   sync.Mutex
-	msgs []*message.Message
-}
-
-func (r *recorder) Publish(_ string, msgs ...*message.Message) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.msgs = append(r.msgs, msgs...)
-	return nil
-}
-func (r *recorder) Close() error { return nil }
-func (r *recorder) sent() []*message.Message {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]*message.Message(nil), r.msgs...)
-}
-
 // site is a seeded console under /ops/console of a test server, and the broker its replays reach.
 type site struct {
 	base  string
 	store *sqlitestore.Store
-	pub   *recorder
+	pub   *consoletest.Recorder
 }
 
 func newSite(t *testing.T, tune ...func(*console.Config)) *site {
 	t.Helper()
-	s := openStore(t)
-	seed(t, s)
-	pub := &recorder{}
-	h := newHandler(t, s, append([]func(*console.Config){func(c *console.Config) { c.Publisher = pub; c.CacheTTL = time.Second }}, tune...)...)
+	s := consoletest.OpenStore(t)
+	consoletest.Seed(t, s)
+	pub := &consoletest.Recorder{}
+	h := consoletest.NewHandler(t, s, append([]func(*console.Config){func(c *console.Config) { c.Publisher = pub; c.CacheTTL = time.Second }}, tune...)...)
 	mux := http.NewServeMux()
 	mux.Handle("/ops/console/", h)
 	srv := httptest.NewServer(mux)
@@ -77,7 +57,7 @@ func TestOperatorReplaysAFailureGroup(t *testing.T) {
 	b := browsertest.NewTab(t)
 	b.Go(st.base+"/", "#token")
 	b.Shot("00-sign-in")
-	signIn(b, st.base, operatorToken)
+	signIn(b, st.base, consoletest.OperatorToken)
 	if got := b.Text(".verdict"); !strings.Contains(got, "need attention") {
 		t.Fatalf("overview verdict = %q", got)
 	}
@@ -127,7 +107,7 @@ func TestOperatorReplaysAFailureGroup(t *testing.T) {
 	if done := b.Text("#done"); done != "12" {
 		t.Fatalf("the job finished with %s done, want 12", done)
 	}
-	sent := st.pub.sent()
+	sent := st.pub.Sent()
 	if len(sent) != 12 {
 		t.Fatalf("the broker got %d messages, want the group's 12", len(sent))
 	}
@@ -164,7 +144,7 @@ func TestOperatorReplaysAFailureGroup(t *testing.T) {
 func TestDetailOfANonUTF8Payload(t *testing.T) {
 	st := newSite(t)
 	b := browsertest.NewTab(t)
-	signIn(b, st.base, viewerToken)
+	signIn(b, st.base, consoletest.ViewerToken)
 	page, err := store.Console(st.store.Store).ListDeadLetters(context.Background(), store.LetterQuery{Side: "search", Limit: 10})
 	if err != nil {
 		t.Fatal(err)
@@ -187,7 +167,7 @@ func TestDetailOfANonUTF8Payload(t *testing.T) {
 func TestViewerIsRefusedTheReplay(t *testing.T) {
 	st := newSite(t)
 	b := browsertest.NewTab(t)
-	signIn(b, st.base, viewerToken)
+	signIn(b, st.base, consoletest.ViewerToken)
 	b.Go(st.base+"/letters?side=billing", "#list")
 	b.Shot("viewer-letters")
 	if n := browsertest.Eval[int](b, `document.querySelectorAll("button[value=replay], a.outline, input[name=id], #replay-all").length`); n != 0 {
@@ -199,7 +179,7 @@ func TestViewerIsRefusedTheReplay(t *testing.T) {
 	if status != http.StatusForbidden {
 		t.Fatalf("a viewer's replay: %v, want 403", status)
 	}
-	if n := len(st.pub.sent()); n != 0 {
+	if n := len(st.pub.Sent()); n != 0 {
 		t.Fatalf("a viewer's refused replay sent %d messages", n)
 	}
 	b.Go(st.base+"/audit", "table")
@@ -213,7 +193,7 @@ func TestViewerIsRefusedTheReplay(t *testing.T) {
 func TestPostWithoutCSRFTokenIsRefused(t *testing.T) {
 	st := newSite(t)
 	b := browsertest.NewTab(t)
-	signIn(b, st.base, operatorToken)
+	signIn(b, st.base, consoletest.OperatorToken)
 	b.Go(st.base+"/letters", "#list")
 	status := browsertest.Eval[float64](b, `fetch("letters/act", {method: "POST", headers: {"Content-Type": "application/x-www-form-urlencoded"},
 		body: "action=replay&id=billing:1"}).then(r => r.status)`)
@@ -240,7 +220,7 @@ func TestPostWithoutCSRFTokenIsRefused(t *testing.T) {
 // among the archived ones.
 func TestPauseAndArchiveFromThePages(t *testing.T) {
 	st := newSite(t)
-	f, err := forwarder.New(forwarder.Config{Store: st.store, Name: "demo", Publisher: &recorder{}, HeartbeatInterval: 50 * time.Millisecond,
+	f, err := forwarder.New(forwarder.Config{Store: st.store, Name: "demo", Publisher: &consoletest.Recorder{}, HeartbeatInterval: 50 * time.Millisecond,
 		PollInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -254,7 +234,7 @@ func TestPauseAndArchiveFromThePages(t *testing.T) {
 	waitUntil(t, "the relay's first heartbeat", func() bool { r, _ := con.Relays(context.Background()); return len(r) == 1 })
 
 	b := browsertest.NewTab(t)
-	signIn(b, st.base, operatorToken)
+	signIn(b, st.base, consoletest.OperatorToken)
 	if got := b.Text("#relays tbody"); !strings.Contains(got, "demo") || !strings.Contains(got, "running") {
 		t.Fatalf("relays: %q", got)
 	}

@@ -4,6 +4,9 @@
 //
 // A missing browser skips the test with the command that installs it, and fails it under CI=true
 // or OUTBOXKIT_REQUIRE_SERVICES: a skipped browser test never passes for a green run.
+//
+// It is a package of the integration module, as are the tests that use it, so that chromedp and
+// the Chrome DevTools protocol it brings are no requirement of the library's module.
 package browsertest
 
 import (
@@ -120,7 +123,7 @@ func ArtifactDir(t testing.TB) string {
 	root := os.Getenv("OUTBOXKIT_ARTIFACTS")
 	if root == "" {
 		_, file, _, _ := runtime.Caller(0)
-		root = filepath.Join(filepath.Dir(file), "..", "..", ".cache", "screens")
+		root = filepath.Join(filepath.Dir(file), "..", "..", "..", ".cache", "screens") // from integration/internal/browsertest
 	}
 	wd, _ := os.Getwd()
 	dir := filepath.Join(root, filepath.Base(wd), strings.NewReplacer("/", "-", " ", "_").Replace(t.Name()))

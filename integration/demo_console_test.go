@@ -1,12 +1,10 @@
-package main
+package integration
 
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,16 +13,10 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/outboxkit/outboxkit"
-	"github.com/outboxkit/outboxkit/internal/browsertest"
+	"github.com/outboxkit/outboxkit/integration/internal/browsertest"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/store"
 )
-
-func TestMain(m *testing.M) {
-	code := m.Run()
-	browsertest.Stop()
-	os.Exit(code)
-}
 
 const (
 	demoOperator = "demo-operator-secret-0123"
@@ -32,56 +24,56 @@ const (
 )
 
 // The issue's scenario in the demo, on SQLite and Postgres: Billing refuses a customer's orders;
-// the operator finds them in their failure group in the console, filters, fixes the cause,
-// replays the group, and each consumer has applied each order once; the audit shows the replay;
-// a viewer is refused the replay, and a POST without the form's token is refused.
+// the operator finds them in their failure group in the console, filters, fixes the cause (the demo
+// restarted without --reject-customer), replays the group, and each consumer has applied each
+// order once; the audit shows the replay; a viewer is refused the replay, and a POST without the
+// form's token is refused.
 func TestConsoleInTheDemo(t *testing.T) {
-	t.Setenv("OUTBOXKIT_CONSOLE_TOKENS", "alice:operator:"+demoOperator+",carol:viewer:"+demoViewer)
+	t.Parallel()
 	t.Run("sqlite", func(t *testing.T) {
 		consoleScenario(t, "sqlite://"+filepath.Join(t.TempDir(), "demo.db"), "outboxkit_demo")
 	})
 	t.Run("postgres", func(t *testing.T) {
 		pg := testenv.NewEmptyPG(t)
+		gateway := `"` + string(pg.Schema) + `_gateway"` // the payment gateway's schema, beside the demo's
+		t.Cleanup(func() { _, _ = pg.Pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+gateway+" CASCADE") })
 		consoleScenario(t, pg.URL, string(pg.Schema))
 	})
 }
 
-func consoleScenario(t *testing.T, dbURL, schema string) {
-	ctx, cancel := context.WithCancel(context.Background())
-	o := options{dbURL: dbURL, brokerURL: "memory://", schema: schema, addr: "127.0.0.1:0", role: roleAll, serve: true,
-		rate: 50, statusEvery: 0, readyMaxAge: time.Minute, drainDeadline: time.Minute, rejectCustomer: "c-0042", console: true,
-		relayName: "demo", live: &liveFaults{}}
-	reject := "c-0042"
-	o.live.rejectCustomer.Store(&reject)
-	ready := make(chan string, 1)
-	o.ready = func(base string) { ready <- base }
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, o) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("the demo ended with %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("the demo did not stop within 30s")
-		}
-	})
-	var base string
-	select {
-	case base = <-ready:
-	case err := <-done:
-		t.Fatalf("the demo did not start: %v", err)
-	case <-time.After(60 * time.Second):
-		t.Fatal("the demo did not start within 60s")
+// consoleDemo runs the demo binary as the scenario's service: everything in one process, on the
+// in-process broker, signing in the scenario's operator and viewer; extra are more switches.
+func consoleDemo(t *testing.T, dbURL, schema string, extra ...string) *demoProc {
+	t.Helper()
+	return runDemo(t, []string{"OUTBOXKIT_CONSOLE_TOKENS=alice:operator:" + demoOperator + ",carol:viewer:" + demoViewer},
+		append([]string{"--db", dbURL, "--broker", "memory://", "--schema", schema, "--addr", "127.0.0.1:0", "--serve", "--orders", "0",
+			"--rate", "50", "--status-every", "0", "--ready-max-pending-age", "1m", "--drain-deadline", "1m", "--console",
+			"--relay-name", "demo"}, extra...)...)
+}
+
+// stopClean stops the demo and fails the test unless it ended as a SIGTERM asks: exit status 0.
+func stopClean(t *testing.T, d *demoProc) {
+	t.Helper()
+	d.stop(t)
+	if code := d.cmd.ProcessState.ExitCode(); code != 0 {
+		t.Errorf("the demo ended with exit status %d:\n%s", code, d.log())
 	}
+}
+
+func consoleScenario(t *testing.T, dbURL, schema string) {
+	d := consoleDemo(t, dbURL, schema, "--reject-customer", "c-0042")
+	base := d.url
 	db, err := store.Open(context.Background(), dbURL, store.OpenOptions{Schema: schema})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	biz := newBusiness(db)
+	// The demo's own tables, in its schema on Postgres; a statement in the database's dialect.
+	prefix := ""
+	if db.Dialect == "postgres" {
+		prefix = `"` + schema + `".`
+	}
+	q := func(query string) string { return db.Rebind(strings.ReplaceAll(query, "{{t}}.", prefix)) }
 
 	// 12 orders of the customer Billing refuses, 18 of others.
 	var rejected []string
@@ -106,7 +98,7 @@ func consoleScenario(t *testing.T, dbURL, schema string) {
 	}
 	count := func(query string, args ...any) int {
 		var n int
-		if err := db.SQL.QueryRowContext(context.Background(), biz.q(query), args...).Scan(&n); err != nil {
+		if err := db.SQL.QueryRowContext(context.Background(), q(query), args...).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -119,9 +111,12 @@ func consoleScenario(t *testing.T, dbURL, schema string) {
 
 	b := browsertest.NewTab(t)
 	console := base + "/console"
-	b.Go(console+"/", "#token")
-	b.Do(chromedp.SendKeys("#token", demoOperator))
-	b.Click("#signin")
+	signIn := func(b *browsertest.Tab, token string) {
+		b.Go(console+"/", "#token")
+		b.Do(chromedp.SendKeys("#token", token))
+		b.Click("#signin")
+	}
+	signIn(b, demoOperator)
 	// The overview's figures are cached for a few seconds ("counted … ago"): read it again until
 	// they include the last letters.
 	waitFor(t, "the overview to count Billing's 12 dead letters", func() bool {
@@ -149,9 +144,13 @@ func consoleScenario(t *testing.T, dbURL, schema string) {
 	}
 	b.Shot("04-detail")
 
-	// The cause is fixed: Billing accepts the customer again. Replay the group.
-	fixed := ""
-	o.live.rejectCustomer.Store(&fixed)
+	// The cause is fixed: the demo runs again without --reject-customer, on the same database, and
+	// Billing accepts the customer. The operator signs in to it (sessions are per process) and
+	// replays the group.
+	stopClean(t, d)
+	d = consoleDemo(t, dbURL, schema)
+	console = d.url + "/console"
+	signIn(b, demoOperator)
 	b.Go(console+"/letters?side=billing", "table.groups")
 	b.Click("table.groups tbody tr:first-child a.outline")
 	if h := b.Text("h1"); h != "Replay 12 dead letters?" {
@@ -218,9 +217,7 @@ func consoleScenario(t *testing.T, dbURL, schema string) {
 	}
 	// The viewer: no replay, even posted by hand with a valid token.
 	v := browsertest.NewTab(t)
-	v.Go(console+"/", "#token")
-	v.Do(chromedp.SendKeys("#token", demoViewer))
-	v.Click("#signin")
+	signIn(v, demoViewer)
 	v.Go(console+"/letters?side=billing&archived=0", "#list")
 	status = browsertest.Eval[float64](v, `(() => { const csrf = document.querySelector("input[name=csrf]").value;
 		return fetch("letters/act", {method: "POST", headers: {"Content-Type": "application/x-www-form-urlencoded"},
@@ -233,7 +230,7 @@ func consoleScenario(t *testing.T, dbURL, schema string) {
 	if row := v.Text("tbody tr:first-child"); !strings.Contains(row, "carol") || !strings.Contains(row, "refused") {
 		t.Errorf("the audit's newest row = %q, want carol's refusal", row)
 	}
-	var _ *sql.DB
+	stopClean(t, d)
 }
 
 func between(s, from, to string) string {
