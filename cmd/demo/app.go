@@ -282,9 +282,6 @@ func run(ctx context.Context, o options) error {
 	if o.console {
 		fmt.Printf("operator console on %s/console/\n", base)
 	}
-	if o.ready != nil {
-		o.ready(base)
-	}
 	fmt.Printf("%s %s at version %d; broker %s; consumers %s\n", db.Info().Name, db.Info().Schema, res.Version, redact(o.brokerURL),
 		strings.Join([]string{consumerNames[0].name, consumerNames[1].name, consumerNames[2].name}, ", "))
 	printFaults(o)

@@ -20,7 +20,6 @@ import (
 	"os/signal"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -69,23 +68,6 @@ type options struct {
 	// console mounts the operator console at /console (OUTBOXKIT_CONSOLE_TOKENS signs people in;
 	// without tokens it serves this machine only).
 	console bool
-	// live holds the faults that can be switched while the demo runs (a test "fixes the bug").
-	live *liveFaults
-	// ready, when set, is called with the demo's base URL once it serves (tests).
-	ready func(base string)
-}
-
-// liveFaults are fault switches read at each message, so they can change while the demo runs.
-type liveFaults struct {
-	rejectCustomer atomic.Pointer[string]
-}
-
-func (f *liveFaults) rejected(customer string) bool {
-	if f == nil {
-		return false
-	}
-	r := f.rejectCustomer.Load()
-	return r != nil && *r != "" && *r == customer
 }
 
 // defaultDB and defaultBroker need no server.
@@ -144,8 +126,6 @@ func main() {
 	flag.BoolVar(&o.noInbox, "no-inbox", false, "run the consumers WITHOUT their inbox (and order guard), to show what it prevents: "+
 		"redelivered events are applied again, and the effects table shows it")
 	flag.Parse()
-	o.live = &liveFaults{}
-	o.live.rejectCustomer.Store(&o.rejectCustomer)
 	if *consumers != "" {
 		o.only = strings.Split(*consumers, ",")
 	}
