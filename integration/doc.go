@@ -11,6 +11,6 @@
 // what only tests need — dockertest, chromedp, kfake, Watermill's Pub/Sub suite — is required here
 // and never by the library's go.mod, so it is in no user's module graph. Besides the failure matrix
 // it holds the tests of library packages that need such a dependency: integration/console (the
-// console's pages in headless Chromium) and this package's TestConsoleInTheDemo (the demo binary's
-// console, likewise).
+// console's pages in headless Chromium), this package's TestConsoleInTheDemo (the demo binary's
+// console, likewise) and integration/kafkabackend (TLS and SASL against an in-process kfake).
 package integration
