@@ -3,6 +3,7 @@
 package depcheck
 
 import (
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -42,7 +43,9 @@ var heavy = map[string]string{
 	"github.com/prometheus/client_golang":            "prometheus",
 	"go.opentelemetry.io/otel/propagation":           "otel/propagation",
 	"go.opentelemetry.io/otel/sdk":                   "otel/sdk",
-	"github.com/ory/dockertest":                      "dockertest",
+	"github.com/ory/dockertest":                      "dockertest", // the tools only tests use: no library package may compile them
+	"github.com/chromedp":                            "chromedp",
+	"github.com/twmb/franz-go/pkg/kfake":             "kfake",
 	"net/http":                                       "net/http",
 }
 
@@ -113,5 +116,41 @@ func TestAMySQLAndRabbitMQServiceIsNotHeavierThanStockWatermill(t *testing.T) {
 	if ratio > 1.1 {
 		t.Fatalf("outboxkit's MySQL + RabbitMQ service compiles %d packages, %.2fx the stock equivalent's %d; want at most 1.1x",
 			len(ours), ratio, len(stock))
+	}
+}
+
+// testOnly are the modules only outboxkit's tests use, kept in the integration module's go.mod
+// (integration/go.mod) so that they and what they require — the Docker client, the Chrome DevTools
+// protocol — are in no user's module graph.
+var testOnly = map[string]string{
+	"github.com/ory/dockertest":          "dockertest",
+	"github.com/chromedp":                "chromedp",
+	"github.com/twmb/franz-go/pkg/kfake": "kfake",
+}
+
+// The library's module graph — what a service requiring outboxkit inherits, and a vulnerability
+// scan of it reads — holds none of the tools only the tests use. GOWORK=off: the workspace would
+// add the integration module's requirements.
+func TestTheModuleGraphHoldsNoTestOnlyTool(t *testing.T) {
+	t.Parallel()
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Path}}", "all")
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	out, err := cmd.Output()
+	if err != nil {
+		if ee, ok := err.(*exec.ExitError); ok {
+			t.Fatalf("go list -m all: %v\n%s", err, ee.Stderr)
+		}
+		t.Fatalf("go list -m all: %v", err)
+	}
+	mods := strings.Fields(string(out))
+	if len(mods) < 2 || mods[0] != module {
+		t.Fatalf("go list -m all lists %q: want %s and its requirements", mods, module)
+	}
+	for _, m := range mods[1:] {
+		for prefix, name := range testOnly {
+			if m == prefix || strings.HasPrefix(m, prefix+"/") {
+				t.Errorf("the library's module graph holds %s (%s), which only tests use: require it in integration/go.mod instead", m, name)
+			}
+		}
 	}
 }
