@@ -307,7 +307,7 @@ func (p *Publisher) declare(ctx context.Context, exchange string) error {
 		if err != nil {
 			return outboxkit.Unreachable(fmt.Errorf("open channel: %w", err))
 		}
-		defer ch.Close() //nolint:errcheck // closed by the broker already when the declaration failed
+		defer ch.Close() // closed by the broker already when a declaration failed
 		if err := ch.ExchangeDeclare(exchange, "fanout", true, false, false, false, nil); err != nil {
 			return err
 		}

@@ -20,7 +20,7 @@ func (s *session) backfill(ctx context.Context, snapshot string, at pglogrepl.LS
 	if err != nil {
 		return fmt.Errorf("backfill: begin: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
 	if snapshot != "" {
 		if _, err := tx.Exec(ctx, r.sql.SetSnapshot(snapshot)); err != nil {
 			return fmt.Errorf("backfill: take the slot's snapshot: %w", err)

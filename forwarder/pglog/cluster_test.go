@@ -103,7 +103,7 @@ func tryWrite(pg *testenv.PG, key string, n int) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer tx.Rollback(ctx) //nolint:errcheck
+	defer func() { _ = tx.Rollback(ctx) }() // a no-op after Commit
 	ids := make([]string, n)
 	msgs := make([]store.OutboxMessage, n)
 	for i := range msgs {

@@ -98,7 +98,7 @@ func (d *dispatcher) check(ctx context.Context, keys []string, drain bool) error
 	if err != nil {
 		return fmt.Errorf("read the parked keys: %w", err)
 	}
-	defer tx.Rollback(context.WithoutCancel(ctx)) //nolint:errcheck // read-only
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }() // a no-op after Commit
 	// A key with a dead letter, or with a replayed one not yet published (its rows may have been
 	// read back by a session that stopped before they all went).
 	rows, err := tx.Query(cctx, r.sql.ParkedKeys, keys)
