@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/outboxkit/outboxkit/console"
 	"github.com/outboxkit/outboxkit/pipeline"
@@ -41,7 +42,14 @@ func ExampleNew() {
 	if err := h.Start(ctx); err != nil { // runs replay and archive jobs until Stop
 		log.Fatal(err)
 	}
-	defer h.Stop(ctx)
+	defer func() {
+		// Bounded: a job still running then keeps its state, and resumes once its lease runs out.
+		sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if err := h.Stop(sctx); err != nil {
+			log.Print(err)
+		}
+	}()
 
 	teamAuth := func(next http.Handler) http.Handler { return next } // the team's own middleware
 	mux := http.NewServeMux()

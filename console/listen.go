@@ -47,7 +47,9 @@ func ListenAndServe(ctx context.Context, addr string, h *Handler, ready func(add
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		err = srv.Shutdown(sctx)
 		cancel()
-		<-errc
+		if serr := <-errc; err == nil {
+			err = serr // http.ErrServerClosed, cleared below, unless Serve had failed already
+		}
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -38,7 +38,7 @@ func (h *Handler) runJobs(ctx context.Context) {
 			if !ok {
 				break
 			}
-			h.run(ctx, j, true)
+			_, _ = h.run(ctx, j, true) // how it ended is in its row; run logs a failure
 		}
 		select {
 		case <-ctx.Done():
@@ -131,6 +131,10 @@ func (h *Handler) stopped(ctx context.Context, l store.JobLease, j store.Job, er
 
 func (h *Handler) finish(ctx context.Context, l store.JobLease, j store.Job, state, lastError string) (store.Job, error) {
 	if err := h.con.FinishJob(context.WithoutCancel(ctx), l, state, lastError, h.cfg.Now()); err != nil {
+		if !errors.Is(err, store.ErrLeaseLost) { // else the console that took it over ends it
+			h.cfg.Logger.Error("Cannot record how a console job ended; a console takes it up again once its lease runs out", err,
+				watermill.LogFields{"job": j.ID, "kind": j.Kind, "state": state})
+		}
 		return j, err
 	}
 	h.cache.invalidate()

@@ -80,7 +80,9 @@ func startConsumer(t testing.TB, s *pgxstore.Store, amqpURL, topic, group string
 	go func() { done <- router.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Errorf("router: %v", err)
+		}
 		_ = sub.Close()
 	})
 	select {
@@ -252,7 +254,9 @@ func TestHelperCrashyConsumer(t *testing.T) {
 	parts := strings.Split(spec, "|")
 	pgURL, schemaName, amqpURL, topic := parts[0], parts[1], parts[2], parts[3]
 	var want int
-	fmt.Sscan(parts[4], &want)
+	if _, err := fmt.Sscan(parts[4], &want); err != nil {
+		t.Fatalf("OUTBOXKIT_HELPER_CONSUMER: the message count %q: %v", parts[4], err)
+	}
 	pool, err := pgxpool.New(context.Background(), pgURL)
 	if err != nil {
 		t.Fatal(err)

@@ -129,7 +129,12 @@ func TestHelperEmittingConsumer(t *testing.T) {
 	rctx, cancel := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() { done <- router.Run(rctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("router: %v", err)
+		}
+	}()
 	testenv.Eventually(t, 60*time.Second, "the redelivered order to be absorbed", func() bool {
 		var dups int
 		_ = pool.QueryRow(ctx, `SELECT coalesce(sum(duplicates), 0) FROM "`+schemaName+`".inbox WHERE message_id = $1`, orderID).Scan(&dups)

@@ -40,7 +40,12 @@ func TestRelayHealth_BrokerDownAtStartShowsAtOnce(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- relay.Run(ctx) }()
-			t.Cleanup(func() { cancel(); <-done })
+			t.Cleanup(func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			})
 
 			// Generous for a loaded machine, and still well short of the 30 s PublishTimeout.
 			testenv.Eventually(t, 10*time.Second, "the relay's health to show the broker down or a pass waiting on it", func() bool {

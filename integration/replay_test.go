@@ -69,7 +69,13 @@ func TestReplay_ArrivesOnEveryBackendRightAfterItIsDeadLettered(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- router.Run(ctx) }()
-			t.Cleanup(func() { cancel(); <-done; _ = sub.Close() })
+			t.Cleanup(func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("router: %v", err)
+				}
+				_ = sub.Close()
+			})
 			select {
 			case <-router.Running():
 			case <-time.After(60 * time.Second):

@@ -116,10 +116,17 @@ func TestBackends_ConsumerStartsWhileTheBrokerIsDown(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- router.Run(ctx) }()
-			t.Cleanup(func() { cancel(); <-done; _ = sub.Close() })
+			t.Cleanup(func() {
+				cancel()
+				if err := <-done; err != nil {
+					t.Errorf("router: %v", err)
+				}
+				_ = sub.Close()
+			})
 			select {
 			case <-router.Running():
 			case err := <-done:
+				done <- err // for the cleanup's wait
 				t.Fatalf("the router stopped while the broker was down: %v", err)
 			case <-time.After(30 * time.Second):
 				t.Fatal("the router did not start while the broker was down")
@@ -136,6 +143,7 @@ func TestBackends_ConsumerStartsWhileTheBrokerIsDown(t *testing.T) {
 					t.Fatalf("got %s, want %s", id, msg.UUID)
 				}
 			case err := <-done:
+				done <- err // for the cleanup's wait
 				t.Fatalf("the router stopped: %v", err)
 			case <-time.After(60 * time.Second):
 				t.Fatal("the consumer that started while the broker was down never received the message")

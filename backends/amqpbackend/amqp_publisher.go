@@ -346,7 +346,7 @@ func (p *Publisher) rpc(ctx context.Context, conn *amqp.Connection, call func() 
 		if !conn.IsClosed() {
 			_ = conn.CloseDeadline(time.Now().Add(time.Second))
 		}
-		<-done
+		<-done //nolint:errcheck // the call's error is then the closed connection's: ctx's end is the cause to report
 		return outboxkit.Unreachable(fmt.Errorf("broker did not answer: %w", ctx.Err()))
 	}
 }

@@ -222,7 +222,12 @@ func run(ctx context.Context, o options) error {
 		routerCtx, stopRouter := context.WithCancel(context.Background())
 		routerDone := make(chan error, 1)
 		go func() { routerDone <- router.Run(routerCtx) }()
-		defer func() { stopRouter(); <-routerDone }()
+		defer func() {
+			stopRouter()
+			if err := <-routerDone; err != nil {
+				logger.Error("The consumers' router stopped", err, nil)
+			}
+		}()
 		if err := waitRunning(ctx, router); err != nil {
 			return err
 		}

@@ -37,7 +37,9 @@ func TestStatusShowsTheLogRelaysSlot(t *testing.T) {
 	go func() { done <- r.Run(rctx) }()
 	defer func() {
 		cancel()
-		<-done
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
 		testenv.Eventually(t, 10*time.Second, "the slot dropped", func() bool {
 			_, err := pg.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, r.SlotName())
 			return err == nil

@@ -551,7 +551,12 @@ func TestStandbyTakesOverAfterSIGKILL(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- standby.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("standby Run: %v", err)
+		}
+	})
 
 	var ids []string
 	for i := range 10 {

@@ -156,7 +156,9 @@ func (r *Relay) session(ctx context.Context, fwd *forwarder.SourceRelay) error {
 			err = dispatchErr
 		}
 		if !r.hooks.crash || ctx.Err() == nil {
-			s.sendStatus(true)
+			// Best effort: when it fails (the connection is gone) the slot keeps the position last
+			// confirmed, and the next session reads again from there.
+			_ = s.sendStatus(true)
 		}
 		return err
 	}

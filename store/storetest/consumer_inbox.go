@@ -230,7 +230,12 @@ func inboxHandlerOutput[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- router.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("router: %v", err)
+		}
+	}()
 	<-router.Running()
 	ok, bad := message.NewMessage("m-ok", []byte(`{}`)), message.NewMessage("m-bad", []byte(`"fail after emitting"`))
 	for _, m := range []*message.Message{ok, bad} {

@@ -42,7 +42,12 @@ func replayOnceThenDuplicate[TTx any](t *testing.T, h Harness[TTx]) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- router.Run(ctx) }()
-	defer func() { cancel(); <-done }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("router: %v", err)
+		}
+	}()
 	<-router.Running()
 
 	msg := orderMsg("o-1")

@@ -33,7 +33,7 @@ func timeConsolePages(ctx context.Context, c config, db *store.DB) ([]series, []
 	if err := h.Start(ctx); err != nil {
 		return nil, nil, err
 	}
-	defer h.Stop(context.Background())
+	defer func() { _ = h.Stop(context.Background()) }() // fails only when its ctx ends first
 	srv := httptest.NewServer(h)
 	defer srv.Close()
 	client := srv.Client()

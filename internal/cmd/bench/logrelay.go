@@ -307,8 +307,7 @@ func runFor(ctx context.Context, relay *pglog.Relay, d time.Duration) error {
 		return fmt.Errorf("the log relay stopped before reading: %w", err)
 	case <-time.After(30 * time.Second):
 		cancel()
-		<-done
-		return errors.New("the log relay did not read its slot within 30s")
+		return errors.Join(errors.New("the log relay did not read its slot within 30s"), <-done)
 	}
 	time.Sleep(d)
 	cancel()

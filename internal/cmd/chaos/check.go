@@ -74,32 +74,50 @@ func (t tables) q(query string) string {
 	return t.db.Rebind(strings.ReplaceAll(query, "{{t}}.", t.prefix))
 }
 
-// rows runs query and hands each row's values, as text, to fn.
-func (t tables) rows(ctx context.Context, query string, fn func(cols []string)) error {
+// rows runs query and hands each row's values, as text, to fn; an error of fn's (a value it cannot
+// read) ends the query and is returned, so that the checker never judges a value it misread.
+func (t tables) rows(ctx context.Context, query string, fn func(cols []string) error) error {
+	inQuery := func(err error) error { return fmt.Errorf("%s: %w", strings.Join(strings.Fields(query), " "), err) }
 	rows, err := t.db.SQL.QueryContext(ctx, t.q(query))
 	if err != nil {
-		return fmt.Errorf("%s: %w", strings.Join(strings.Fields(query), " "), err)
+		return inQuery(err)
 	}
 	defer rows.Close()
-	n := len(must(rows.Columns()))
+	names, err := rows.Columns()
+	if err != nil {
+		return inQuery(err)
+	}
+	n := len(names)
 	vals, ptrs := make([]any, n), make([]any, n)
 	for i := range vals {
 		ptrs[i] = &vals[i]
 	}
 	for rows.Next() {
 		if err := rows.Scan(ptrs...); err != nil {
-			return err
+			return inQuery(err)
 		}
 		cols := make([]string, n)
 		for i, v := range vals {
 			cols[i] = text(v)
 		}
-		fn(cols)
+		if err := fn(cols); err != nil {
+			return inQuery(err)
+		}
 	}
-	return rows.Err()
+	if err := rows.Err(); err != nil {
+		return inQuery(err)
+	}
+	return nil
 }
 
-func must[T any](v T, _ error) T { return v }
+// integer reads a column holding an id or a count.
+func integer[T int | int64](col, what string) (T, error) {
+	var v T
+	if _, err := fmt.Sscan(col, &v); err != nil {
+		return 0, fmt.Errorf("%s %q is not an integer: %w", what, col, err)
+	}
+	return v, nil
+}
 
 func text(v any) string {
 	switch x := v.(type) {
@@ -145,8 +163,9 @@ func check(ctx context.Context, biz, gateway tables, l *ledger, logRelay bool) (
 		customer, created string
 	}
 	orders := map[string]order{}
-	if err := biz.rows(ctx, `SELECT id, customer, created_at FROM {{t}}.orders`, func(c []string) {
+	if err := biz.rows(ctx, `SELECT id, customer, created_at FROM {{t}}.orders`, func(c []string) error {
 		orders[c[0]] = order{c[1], c[2]}
+		return nil
 	}); err != nil {
 		return nil, err
 	}
@@ -191,15 +210,18 @@ func check(ctx context.Context, biz, gateway tables, l *ledger, logRelay bool) (
 	// Effects: one per event per consumer.
 	effects := map[[3]string][]effect{} // consumer, order, event
 	orphans := v.add("no effect without its order")
-	if err := biz.rows(ctx, `SELECT consumer, order_id, event, id, applied_at, message_id FROM {{t}}.effects`, func(c []string) {
-		var id int64
-		fmt.Sscan(c[3], &id)
+	if err := biz.rows(ctx, `SELECT consumer, order_id, event, id, applied_at, message_id FROM {{t}}.effects`, func(c []string) error {
+		id, err := integer[int64](c[3], "effect id")
+		if err != nil {
+			return err
+		}
 		k := [3]string{c[0], c[1], c[2]}
 		effects[k] = append(effects[k], effect{id: id, at: c[4], message: c[5]})
 		orphans.checked++
 		if _, ok := orders[c[1]]; !ok {
 			orphans.fail("%s applied %s of unknown order %s", c[0], c[2], c[1])
 		}
+		return nil
 	}); err != nil {
 		return nil, err
 	}
@@ -266,13 +288,14 @@ func check(ctx context.Context, biz, gateway tables, l *ledger, logRelay bool) (
 	outbox := v.add(outboxName)
 	if err := biz.rows(ctx, `SELECT partition_key, uuid,
 			CASE WHEN published_at IS NOT NULL THEN 'published' WHEN dead_lettered_at IS NOT NULL THEN 'dead' ELSE 'pending' END
-		FROM {{t}}.outbox`, func(c []string) {
+		FROM {{t}}.outbox`, func(c []string) error {
 		rowsPerOrder[c[0]]++
 		uuidOrder[strings.ToLower(c[1])] = c[0]
 		outbox.checked++
 		if c[2] != "published" {
 			outbox.fail("outbox row %s of order %s is %s", c[1], c[0], c[2])
 		}
+		return nil
 	}); err != nil {
 		return nil, err
 	}
@@ -292,7 +315,7 @@ func check(ctx context.Context, biz, gateway tables, l *ledger, logRelay bool) (
 	// Dead letters: exactly the poisoned events, once per consumer.
 	dead := v.add("every dead letter is a poisoned event; every poisoned event is a dead letter of each consumer")
 	deadBy := map[[2]string]int{}
-	if err := biz.rows(ctx, `SELECT consumer, message_id, partition_key FROM {{t}}.dead_letters WHERE replayed_at IS NULL`, func(c []string) {
+	if err := biz.rows(ctx, `SELECT consumer, message_id, partition_key FROM {{t}}.dead_letters WHERE replayed_at IS NULL`, func(c []string) error {
 		dead.checked++
 		id, ok := uuidOrder[strings.ToLower(c[1])]
 		if logRelay { // no outbox row names the event: its partition key names the order
@@ -306,6 +329,7 @@ func check(ctx context.Context, biz, gateway tables, l *ledger, logRelay bool) (
 			dead.fail("%s dead-lettered the event of order %s, which was not poisoned", c[0], id)
 		}
 		deadBy[[2]string{c[0], id}]++
+		return nil
 	}); err != nil {
 		return nil, err
 	}
@@ -319,7 +343,7 @@ func check(ctx context.Context, biz, gateway tables, l *ledger, logRelay bool) (
 
 	// The payment gateway: one charge per order Billing handled, none for a poisoned one.
 	charges := map[string]int{}
-	if err := gateway.rows(ctx, `SELECT order_id FROM {{t}}.gateway_charges`, func(c []string) { charges[c[0]]++ }); err != nil {
+	if err := gateway.rows(ctx, `SELECT order_id FROM {{t}}.gateway_charges`, func(c []string) error { charges[c[0]]++; return nil }); err != nil {
 		return nil, err
 	}
 	charged := v.add("the payment gateway charged every order exactly once (none poisoned)")
@@ -352,16 +376,16 @@ func percentile(sorted []time.Duration, p float64) time.Duration {
 func handled(ctx context.Context, biz tables) (map[string]int, int, error) {
 	n := map[string]int{}
 	if err := biz.rows(ctx, `SELECT consumer, count(*) FROM (SELECT DISTINCT consumer, order_id, event FROM {{t}}.effects) e GROUP BY consumer`,
-		func(c []string) { var k int; fmt.Sscan(c[1], &k); n[c[0]] += k }); err != nil {
+		func(c []string) error { k, err := integer[int](c[1], "count"); n[c[0]] += k; return err }); err != nil {
 		return nil, 0, err
 	}
 	if err := biz.rows(ctx, `SELECT consumer, count(*) FROM {{t}}.dead_letters WHERE replayed_at IS NULL GROUP BY consumer`,
-		func(c []string) { var k int; fmt.Sscan(c[1], &k); n[c[0]] += k }); err != nil {
+		func(c []string) error { k, err := integer[int](c[1], "count"); n[c[0]] += k; return err }); err != nil {
 		return nil, 0, err
 	}
 	pending := 0
 	if err := biz.rows(ctx, `SELECT count(*) FROM {{t}}.outbox WHERE published_at IS NULL AND dead_lettered_at IS NULL`,
-		func(c []string) { fmt.Sscan(c[0], &pending) }); err != nil {
+		func(c []string) (err error) { pending, err = integer[int](c[0], "count"); return err }); err != nil {
 		return nil, 0, err
 	}
 	return n, pending, nil
