@@ -45,10 +45,11 @@ type ContainerSpec struct {
 	Ready func(url string) error
 }
 
-// StartContainer, when set, starts spec's container and returns the service's URL once
-// spec.Ready says it answers. It is called at most once per service and test binary, the first
-// time a test asks for a service whose variable is unset. Set it before the tests run (TestMain):
-// the integration module's packages set it to integration/internal/containers.Start.
+// StartContainer starts spec's container and returns the service's URL once spec.Ready says it
+// answers; while it is nil, no container is started. It is called at most once per service and
+// test binary, the first time a test asks for a service whose variable is unset. Set it before the
+// tests run (TestMain): the integration module's packages set it to
+// integration/internal/containers.Start.
 var StartContainer func(spec ContainerSpec) (url string, err error)
 
 type service struct {

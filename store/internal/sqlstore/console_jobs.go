@@ -40,12 +40,12 @@ func (s *Store) CreateJob(ctx context.Context, nj store.NewJob) (store.Job, bool
 		return store.Job{}, false, fmt.Errorf("create job: kind %q is neither replay nor archive", nj.Kind)
 	}
 	side, maxQuery := store.SideConsumers, `SELECT coalesce(max(id), 0) FROM {{schema}}.dead_letters`
-	switch {
-	case nj.Filter.Side == store.SideOutbox:
+	switch nj.Filter.Side {
+	case store.SideOutbox:
 		// Through the partial index on dead rows' seq; a row dead-lettered later is left out by
 		// the snapshot's time.
 		side, maxQuery = store.SideOutbox, `SELECT coalesce(max(seq), 0) FROM {{schema}}.outbox WHERE dead_lettered_at IS NOT NULL AND published_at IS NULL`
-	case nj.Filter.Side == "":
+	case "":
 		return store.Job{}, false, errors.New("create job: a job runs on one side: the outbox, one consumer, or every consumer")
 	}
 	if nj.Filter.Archived {

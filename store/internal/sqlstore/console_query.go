@@ -123,10 +123,10 @@ func (s *Store) atOrNewer(q *query, t letterTable, at time.Time, id int64) {
 // sources are the tables a query reads.
 func (s *Store) sources(lq store.LetterQuery) []letterTable {
 	outbox, consumers := s.d.Console().tables()
-	switch {
-	case lq.Side == store.SideOutbox:
+	switch lq.Side {
+	case store.SideOutbox:
 		return []letterTable{outbox}
-	case lq.Side == "":
+	case "":
 		return []letterTable{outbox, consumers}
 	}
 	return []letterTable{consumers}

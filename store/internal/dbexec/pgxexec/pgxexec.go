@@ -41,7 +41,7 @@ func (p pgxQ) QueryRow(ctx context.Context, query string, args ...any) dbexec.Ro
 
 type pgxRows struct{ pgx.Rows }
 
-func (r pgxRows) Close() error { r.Rows.Close(); return r.Rows.Err() }
+func (r pgxRows) Close() error { r.Rows.Close(); return r.Err() }
 
 type pgxRow struct{ pgx.Row }
 
