@@ -14,6 +14,7 @@ import (
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/sqlitestore"
@@ -276,20 +277,13 @@ func TestCircuit_RunResumesSoonAfterTheBrokerReturns(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	deadline := time.Now().Add(30 * time.Second)
-	for !relay.Health().CircuitOpen || broker.checks.Load() < 3 {
-		if time.Now().After(deadline) {
-			t.Fatal("the circuit did not open and the broker was not watched")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testenv.Eventually(t, 30*time.Second, "the circuit to open and the broker to be watched", func() bool {
+		return relay.Health().CircuitOpen && broker.checks.Load() >= 3
+	})
 	broker.down.Store(false)
 	back := time.Now()
-	for broker.received() < 5 {
-		if time.Since(back) > 30*time.Second {
-			t.Fatalf("%d of 5 rows published 30s after the broker came back", broker.received())
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !testenv.Within(30*time.Second, func() bool { return broker.received() >= 5 }) {
+		t.Fatalf("%d of 5 rows published 30s after the broker came back", broker.received())
 	}
 	// Generous: the watch is 250ms; the backoff it replaces would have waited a minute.
 	if resumed := time.Since(back); resumed > 5*time.Second {

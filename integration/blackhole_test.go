@@ -82,10 +82,10 @@ func TestBlackHole_ConnectionsStayBounded(t *testing.T) {
 			before, heldBefore := proxy.Attempts(), proxy.Open()
 
 			proxy.Freeze()
-			time.Sleep(6 * time.Second) // the black hole
+			time.Sleep(6 * time.Second) //nolint:forbidigo // the fault: the black hole lasts 6 s
 			opened, heldIn := proxy.Attempts()-before, proxy.Open()
 			proxy.Thaw()
-			time.Sleep(2 * time.Second) // orders written after it too
+			time.Sleep(2 * time.Second) //nolint:forbidigo // 2 s more of orders, written after the black hole
 			stop()
 			wg.Wait()
 			mu.Lock()

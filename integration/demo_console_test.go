@@ -103,7 +103,7 @@ func consoleScenario(t *testing.T, dbURL, schema string) {
 		}
 		return n
 	}
-	waitFor(t, "every consumer to handle the 30 orders (Billing dead-letters 12)", func() bool {
+	testenv.Eventually(t, 60*time.Second, "every consumer to handle the 30 orders (Billing dead-letters 12)", func() bool {
 		w, err := db.DeadLettersWaiting(context.Background(), "billing", time.Now())
 		return err == nil && w.Count == 12 && count(`SELECT count(*) FROM {{t}}.effects WHERE consumer = 'billing'`) == 18 &&
 			count(`SELECT count(*) FROM {{t}}.effects WHERE consumer = 'shipping'`) == 30 && count(`SELECT count(*) FROM {{t}}.effects WHERE consumer = 'search'`) == 30
@@ -119,7 +119,7 @@ func consoleScenario(t *testing.T, dbURL, schema string) {
 	signIn(b, demoOperator)
 	// The overview's figures are cached for a few seconds ("counted … ago"): read it again until
 	// they include the last letters.
-	waitFor(t, "the overview to count Billing's 12 dead letters", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the overview to count Billing's 12 dead letters", func() bool {
 		b.Go(console+"/", ".verdict")
 		return strings.Contains(b.Text(".verdict")+b.Text("main"), "billing has 12 dead letters waiting")
 	})
@@ -167,7 +167,7 @@ func consoleScenario(t *testing.T, dbURL, schema string) {
 
 	// Each consumer applies each order once: Billing the 12 it had refused, Shipping and Search
 	// nothing more (they absorb the replay in their inbox).
-	waitFor(t, "Billing to apply the 12 replayed orders", func() bool {
+	testenv.Eventually(t, 60*time.Second, "Billing to apply the 12 replayed orders", func() bool {
 		return count(`SELECT count(*) FROM {{t}}.effects WHERE consumer = 'billing'`) == 30
 	})
 	for _, c := range []string{"shipping", "billing", "search"} {
@@ -183,7 +183,7 @@ func consoleScenario(t *testing.T, dbURL, schema string) {
 			t.Errorf("order %s has %d invoices after the replay, want 1", order, n)
 		}
 	}
-	waitFor(t, "Shipping and Search to absorb the replay", func() bool {
+	testenv.Eventually(t, 60*time.Second, "Shipping and Search to absorb the replay", func() bool {
 		stats, err := db.ConsumerStats(context.Background(), time.Now())
 		if err != nil {
 			return false
@@ -202,7 +202,7 @@ func consoleScenario(t *testing.T, dbURL, schema string) {
 	if got := b.Text("tbody"); !strings.Contains(got, "alice") || !strings.Contains(got, "12 replayed") {
 		t.Fatalf("the audit: %q", got)
 	}
-	waitFor(t, "the overview to say all clear after the replay", func() bool {
+	testenv.Eventually(t, 60*time.Second, "the overview to say all clear after the replay", func() bool {
 		b.Go(console+"/", ".verdict")
 		return strings.Contains(b.Text(".verdict"), "All clear")
 	})
@@ -243,15 +243,4 @@ func between(s, from, to string) string {
 		s = s[:j]
 	}
 	return s
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 60s for %s", what)
-		}
-		time.Sleep(50 * time.Millisecond) // polling the database with a deadline
-	}
 }

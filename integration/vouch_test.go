@@ -170,7 +170,7 @@ func TestHelperCrashingConsumer(t *testing.T) {
 				os.Exit(7) // the process dies in the handler, its transaction open
 			}
 		}))
-	time.Sleep(90 * time.Second)
+	time.Sleep(90 * time.Second) //nolint:forbidigo // the subprocess lives until the crashing message kills it; 90 s bounds it
 	t.Fatal("the consumer ran out of time without reaching the message that kills it")
 }
 

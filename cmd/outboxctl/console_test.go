@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/store"
 )
 
@@ -67,13 +68,13 @@ func TestConsoleServesThisMachine(t *testing.T) {
 	}()
 	addr := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+/console)/`)
 	var base string
-	for deadline := time.Now().Add(10 * time.Second); base == ""; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the console did not say where it listens: %q", out.String())
-		}
+	if !testenv.Within(10*time.Second, func() bool {
 		if m := addr.FindStringSubmatch(out.String()); m != nil {
 			base = m[1]
 		}
+		return base != ""
+	}) {
+		t.Fatalf("the console did not say where it listens: %q", out.String())
 	}
 	if !strings.Contains(out.String(), "from this machine only") {
 		t.Errorf("the banner does not say who may sign in: %q", out.String())

@@ -106,16 +106,14 @@ func relayOn(t *testing.T, pg *testenv.PG, pub message.Publisher, tune func(*for
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 		defer cancel()
-		// The slot may still be released by a relay's closing connection: retry briefly.
-		for {
+		// The slot may still be held by a relay's closing connection: retry briefly. One still held
+		// after that is a relay that outlived its Run, and would take a slot from the tests after.
+		testenv.Eventually(t, 10*time.Second, "slot "+r.SlotName()+" to be dropped", func() bool {
 			_, err := pg.Pool.Exec(ctx, `SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name = $1`, r.SlotName())
-			if err == nil || ctx.Err() != nil {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+			return err == nil
+		})
 		_, _ = pg.Pool.Exec(ctx, `DROP PUBLICATION IF EXISTS `+pgx.Identifier{r.SlotName()}.Sanitize())
 	})
 	return r
@@ -325,7 +323,7 @@ func TestKilledBeforeAcknowledgementLosesNothing(t *testing.T) {
 		if n == 50 {
 			// A slow publish: status updates go out meanwhile (StatusInterval 200ms), and must
 			// not confirm what is not published.
-			time.Sleep(600 * time.Millisecond)
+			time.Sleep(600 * time.Millisecond) //nolint:forbidigo // the slow publish: three StatusIntervals long
 			kill()
 		}
 	}
@@ -802,7 +800,7 @@ func (p *tracker) Publish(topic string, msgs ...*message.Message) error {
 	p.active++
 	p.maxActive = max(p.maxActive, p.active)
 	p.mu.Unlock()
-	time.Sleep(time.Duration(rand.IntN(1500)) * time.Microsecond) // the broker's confirmation
+	time.Sleep(time.Duration(rand.IntN(1500)) * time.Microsecond) //nolint:forbidigo // the simulated broker's confirmation, up to 1.5 ms
 	err := p.recorder.Publish(topic, msgs...)
 	p.mu.Lock()
 	p.inFlight[key]--

@@ -16,6 +16,7 @@ import (
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/integration/internal/browsertest"
 	"github.com/outboxkit/outboxkit/internal/consoletest"
+	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/sqlitestore"
 )
@@ -231,7 +232,7 @@ func TestPauseAndArchiveFromThePages(t *testing.T) {
 	t.Cleanup(func() { cancel(); <-done })
 
 	con := store.Console(st.store.Store)
-	waitUntil(t, "the relay's first heartbeat", func() bool { r, _ := con.Relays(context.Background()); return len(r) == 1 })
+	testenv.Eventually(t, 15*time.Second, "the relay's first heartbeat", func() bool { r, _ := con.Relays(context.Background()); return len(r) == 1 })
 
 	b := browsertest.NewTab(t)
 	signIn(b, st.base, consoletest.OperatorToken)
@@ -265,16 +266,5 @@ func TestPauseAndArchiveFromThePages(t *testing.T) {
 	b.Shot("14-archived")
 	if got := b.Text("#total"); got != "1 letter" {
 		t.Fatalf("archived list: %q", got)
-	}
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("waited 15s for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond) // polling a condition with a deadline
 	}
 }
