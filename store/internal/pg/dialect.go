@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -56,6 +57,9 @@ type Dialect struct {
 	q                           sqlstore.Queries
 	claim, markFailed           string
 	lockCount, lockRead, unlock string
+	// insertOne is the text of the writers' INSERT of one message, what nearly every Publish
+	// sends: built once instead of per call.
+	insertOne string
 }
 
 // New returns the dialect; the schema name is validated.
@@ -107,6 +111,7 @@ func New(cfg Config) (*Dialect, error) {
 	}
 	d.claim, d.markFailed = read("claim.sql"), read("mark_failed.sql")
 	d.lockCount, d.lockRead, d.unlock = read("lock_count_delivery.sql"), read("lock_delivery_count.sql"), read("unlock_message.sql")
+	d.insertOne = insertText(name, 1, !cfg.DisableNotify)
 	return d, nil
 }
 
@@ -213,18 +218,53 @@ func InsertQuery(schema Name, msgs []store.OutboxMessage, notify bool) (string, 
 	if len(msgs) > MaxMessagesPerInsert {
 		return "", nil, fmt.Errorf("%d messages in one call; split them into calls of at most %d", len(msgs), MaxMessagesPerInsert)
 	}
-	var q strings.Builder
-	args := make([]any, 0, len(msgs)*6+1)
+	return insertText(schema, len(msgs), notify), insertArgs(schema, msgs, notify), nil
+}
+
+// insertText is the text of InsertQuery for n messages: it depends on nothing else, so drivers
+// keep it prepared.
+func insertText(schema Name, n int, notify bool) string {
+	q := make([]byte, 0, 256+n*80) // a row's placeholders are about 70 bytes
 	if notify {
-		q.WriteString("WITH inserted AS (\n")
+		q = append(q, "WITH inserted AS (\n"...)
 	}
-	fmt.Fprintf(&q, "INSERT INTO %s.outbox (uuid, uuid_text, topic, partition_key, payload, metadata) VALUES ", schema.Ident())
-	for i, m := range msgs {
+	q = append(q, "INSERT INTO "...)
+	q = append(q, schema.Ident()...)
+	q = append(q, ".outbox (uuid, uuid_text, topic, partition_key, payload, metadata) VALUES "...)
+	for i := range n {
 		if i > 0 {
-			q.WriteString(", ")
+			q = append(q, ", "...)
 		}
-		n := len(args)
-		fmt.Fprintf(&q, "($%d::uuid, $%d::text, $%d::text, $%d::text, $%d::bytea, $%d::text)", n+1, n+2, n+3, n+4, n+5, n+6)
+		for c, cast := range columnTypes {
+			if c == 0 {
+				q = append(q, "($"...)
+			} else {
+				q = append(q, ", $"...)
+			}
+			q = strconv.AppendInt(q, int64(6*i+c+1), 10)
+			q = append(q, cast...)
+		}
+		q = append(q, ')')
+	}
+	if notify {
+		// Only when no relay says it is awake (relay_awake): an awake relay polls, and a NOTIFY
+		// serialises the writers' commits.
+		q = append(q, "\n)\nSELECT pg_notify($"...)
+		q = strconv.AppendInt(q, int64(6*n+1), 10)
+		q = append(q, ", '') WHERE NOT EXISTS (SELECT 1 FROM "...)
+		q = append(q, schema.Ident()...)
+		q = append(q, ".relay_awake WHERE awake_until > clock_timestamp())"...)
+	}
+	return string(q)
+}
+
+// columnTypes are the casts of an outbox row's six parameters, in InsertQuery's column order.
+var columnTypes = [6]string{"::uuid", "::text", "::text", "::text", "::bytea", "::text"}
+
+// insertArgs are InsertQuery's arguments for msgs: six a message, then the notify channel.
+func insertArgs(schema Name, msgs []store.OutboxMessage, notify bool) []any {
+	args := make([]any, 0, len(msgs)*6+1)
+	for _, m := range msgs {
 		var key any
 		if m.PartitionKey != "" {
 			key = m.PartitionKey
@@ -237,13 +277,9 @@ func InsertQuery(schema Name, msgs []store.OutboxMessage, notify bool) (string, 
 		args = append(args, id, text, m.Topic, key, payload, string(m.Metadata))
 	}
 	if notify {
-		// Only when no relay says it is awake (relay_awake): an awake relay polls, and a NOTIFY
-		// serialises the writers' commits.
-		fmt.Fprintf(&q, "\n)\nSELECT pg_notify($%d, '') WHERE NOT EXISTS (SELECT 1 FROM %s.relay_awake WHERE awake_until > clock_timestamp())",
-			len(args)+1, schema.Ident())
 		args = append(args, schema.NotifyChannel())
 	}
-	return q.String(), args, nil
+	return args
 }
 
 // OutboxInsert is the writers' INSERT of msgs in d's schema, with the wake-up unless
@@ -251,6 +287,9 @@ func InsertQuery(schema Name, msgs []store.OutboxMessage, notify bool) (string, 
 func (d *Dialect) OutboxInsert(msgs []store.OutboxMessage) (string, []any, error) {
 	if d.cfg.WAL {
 		return EmitQuery(d.schema, msgs)
+	}
+	if len(msgs) == 1 {
+		return d.insertOne, insertArgs(d.schema, msgs, !d.cfg.DisableNotify), nil
 	}
 	return InsertQuery(d.schema, msgs, !d.cfg.DisableNotify)
 }
