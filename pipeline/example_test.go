@@ -39,7 +39,7 @@ func ExampleNewPublisher() {
 		if err != nil {
 			return err
 		}
-		defer tx.Rollback() // a no-op after Commit
+		defer func() { _ = tx.Rollback() }() // a no-op after Commit
 		if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id, customer) VALUES (?, ?)`, id, customer); err != nil {
 			return err // the aggregate first: its INSERT is its lock
 		}

@@ -25,7 +25,7 @@ var _ store.InboxBeginner = session{}
 // one round trip where BeginInbox and InsertInboxes take two. The transaction the handlers get is
 // a pgx.Tx as any other.
 func (se session) BeginInboxes(ctx context.Context, consumer string, messageIDs []string, now time.Time) (store.InboxTx, map[string]bool, error) {
-	query, args := se.s.Store.InsertInboxes(consumer, messageIDs, now)
+	query, args := se.s.InsertInboxes(consumer, messageIDs, now)
 	var inserted map[string]bool
 	tx, err := pgxexec.BeginWith(ctx, se.s.pool, query, args, func(rows dbexec.Rows) (err error) {
 		inserted, err = sqlstore.InsertedInboxes(rows)
@@ -34,5 +34,5 @@ func (se session) BeginInboxes(ctx context.Context, consumer string, messageIDs 
 	if err != nil {
 		return nil, nil, se.s.d.Classify(err)
 	}
-	return se.s.Store.InboxTx(tx), inserted, nil
+	return se.s.InboxTx(tx), inserted, nil
 }
