@@ -158,7 +158,7 @@ func (r *Relay) session(ctx context.Context, fwd *forwarder.SourceRelay) error {
 		if !r.hooks.crash || ctx.Err() == nil {
 			// Best effort: when it fails (the connection is gone) the slot keeps the position last
 			// confirmed, and the next session reads again from there.
-			_ = s.sendStatus(true)
+			_ = s.sendStatus()
 		}
 		return err
 	}

@@ -31,7 +31,7 @@ func (s *session) send(ctx context.Context, it item, nextStatus *time.Time) erro
 			t.Stop()
 			return errDispatcherFailed
 		case <-t.C:
-			if err := s.sendStatus(false); err != nil {
+			if err := s.sendStatus(); err != nil {
 				return err
 			}
 			*nextStatus = time.Now().Add(s.r.cfg.StatusInterval)
@@ -43,7 +43,7 @@ func (s *session) send(ctx context.Context, it item, nextStatus *time.Time) erro
 // the last transaction whose events are all published and removed, or, when the relay had nothing
 // in flight as of a keepalive, the server's WAL end at that keepalive (the outbox retains no WAL
 // while other tables write).
-func (s *session) sendStatus(final bool) error {
+func (s *session) sendStatus() error {
 	lsn := pglogrepl.LSN(s.ack.Load())
 	if s.idleLSN > lsn && s.flushed.Load() >= s.idleAtSent {
 		lsn = s.idleLSN
@@ -62,7 +62,6 @@ func (s *session) sendStatus(final bool) error {
 		return fmt.Errorf("send standby status: %w", err)
 	}
 	s.lastSent = lsn
-	_ = final
 	return nil
 }
 
@@ -74,7 +73,7 @@ func (s *session) read(ctx context.Context) error {
 	inTxn := false
 	for {
 		if !time.Now().Before(nextStatus) {
-			if err := s.sendStatus(false); err != nil {
+			if err := s.sendStatus(); err != nil {
 				return err
 			}
 			nextStatus = time.Now().Add(interval)

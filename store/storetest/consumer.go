@@ -97,6 +97,22 @@ func (e *consumerEnv[TTx]) stack(t *testing.T, consumer string, h message.NoPubl
 }
 
 // delivery is a fresh copy of msg, as a broker hands over each (re)delivery.
+// runRouter runs router until the returned stop, which waits for it and fails the test on an
+// error; it returns once the router runs.
+func runRouter(t *testing.T, router *message.Router) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- router.Run(ctx) }()
+	<-router.Running()
+	return func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("router: %v", err)
+		}
+	}
+}
+
 func delivery(msg *message.Message) *message.Message {
 	c := message.NewMessage(msg.UUID, msg.Payload)
 	for k, v := range msg.Metadata {

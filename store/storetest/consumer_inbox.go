@@ -227,16 +227,7 @@ func inboxHandlerOutput[TTx any](t *testing.T, h Harness[TTx]) {
 		}
 	})
 	hr.AddMiddleware(stack...)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- router.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("router: %v", err)
-		}
-	}()
-	<-router.Running()
+	defer runRouter(t, router)()
 	ok, bad := message.NewMessage("m-ok", []byte(`{}`)), message.NewMessage("m-bad", []byte(`"fail after emitting"`))
 	for _, m := range []*message.Message{ok, bad} {
 		if err := bus.Publish("orders", m); err != nil {

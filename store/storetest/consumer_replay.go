@@ -39,16 +39,8 @@ func replayOnceThenDuplicate[TTx any](t *testing.T, h Harness[TTx]) {
 		_, err := stack(m)
 		return err
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- router.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("router: %v", err)
-		}
-	}()
-	<-router.Running()
+	defer runRouter(t, router)()
+	ctx := context.Background()
 
 	msg := orderMsg("o-1")
 	if err := bus.Publish("orders", msg); err != nil {
