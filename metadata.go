@@ -46,7 +46,27 @@ const (
 	// MetadataSeq is set by the forwarder to the row's position in the outbox (decimal). It is
 	// informative: the per-key order is already the order of publication.
 	MetadataSeq = "outboxkit_seq"
+
+	// MetadataTenant names the tenant whose outbox the message came from: set by a relay fleet
+	// (package fleet) on every message it publishes, or by the writer. A consumer serving many
+	// tenants (middleware.AddTenantConsumerHandler) applies the message in that tenant's database.
+	MetadataTenant = "outboxkit_tenant"
+
+	// MetadataOutbox, MetadataLeaseToken and MetadataRelayMember are set by a relay fleet on every
+	// message it publishes: the outbox it came from, the fencing token of the lease its publisher
+	// held (decimal; it only grows from one owner to the next), and the member that published it.
+	// A message whose token is lower than one already seen for its outbox was published by a stale
+	// owner.
+	MetadataOutbox      = "outboxkit_outbox"
+	MetadataLeaseToken  = "outboxkit_lease_token"
+	MetadataRelayMember = "outboxkit_relay_member"
 )
+
+// Tenant returns the message's tenant (MetadataTenant), or "" when it has none.
+func Tenant(msg *message.Message) string { return msg.Metadata.Get(MetadataTenant) }
+
+// SetTenant records the tenant the message belongs to.
+func SetTenant(msg *message.Message, tenant string) { msg.Metadata.Set(MetadataTenant, tenant) }
 
 // PartitionKey returns the message's partition key, or "" when it has none.
 func PartitionKey(msg *message.Message) string { return msg.Metadata.Get(MetadataPartitionKey) }
