@@ -53,7 +53,13 @@ func newTenantDB(t *testing.T, name string) tenantDB {
 // effects lists "tenant/message" of every effect row in db.
 func effects(t *testing.T, db *sql.DB) []string {
 	t.Helper()
-	rows, err := db.Query(`SELECT tenant, message_id FROM effects ORDER BY message_id`)
+	return effectsIn(t, db, "effects")
+}
+
+// effectsIn lists "tenant/message" of every row of db's table.
+func effectsIn(t *testing.T, db *sql.DB, table string) []string {
+	t.Helper()
+	rows, err := db.Query(`SELECT tenant, message_id FROM ` + table + ` ORDER BY message_id`)
 	if err != nil {
 		t.Fatal(err)
 	}
