@@ -37,8 +37,8 @@ type quarantine struct {
 
 // heldMessage is a message of an unknown tenant being held.
 type heldMessage struct {
-	firstSeen  time.Time
-	deliveries int // in this process
+	firstSeen, lastSeen time.Time
+	deliveries          int // in this process
 }
 
 func newQuarantine(cfg TenantStackConfig) (*quarantine, error) {
@@ -117,12 +117,18 @@ func deadLetterTopicOnly(cfg TenantStackConfig) (message.HandlerMiddleware, erro
 // handle holds or dead-letters msg, whose tenant (none when "") no store serves: cause is what
 // the tenant stores said.
 func (q *quarantine) handle(msg *message.Message, tenant string, cause error) ([]*message.Message, error) {
-	return chain(q.stack, func(msg *message.Message) ([]*message.Message, error) {
+	out, err := chain(q.stack, func(msg *message.Message) ([]*message.Message, error) {
 		if tenant == "" {
 			return nil, handlers.Permanent(ErrNoTenant)
 		}
 		return nil, q.unknown(msg, tenant, cause)
 	})(msg)
+	if err == nil && tenant != "" {
+		// Dead-lettered. Not before: a dead letter that could not be kept is tried again on the
+		// next delivery, its hold over, instead of the hold starting anew.
+		q.served(msg, tenant)
+	}
+	return out, err
 }
 
 // unknown holds a message of an unknown tenant while its hold lasts (an error: the broker delivers
@@ -146,11 +152,9 @@ func (q *quarantine) unknown(msg *message.Message, tenant string, cause error) e
 		q.held[key] = m
 	}
 	m.deliveries++
+	m.lastSeen = now
 	firstSeen, deliveries := m.firstSeen, m.deliveries
 	left := firstSeen.Add(q.cfg.HoldUnknownFor).Sub(now)
-	if left <= 0 {
-		delete(q.held, key)
-	}
 	q.mu.Unlock()
 	if left <= 0 {
 		return handlers.Permanent(fmt.Errorf("%w %q%s: no tenant's database takes its messages; held for %s "+
@@ -168,7 +172,7 @@ func (q *quarantine) unknown(msg *message.Message, tenant string, cause error) e
 		"then dead-lettered", ErrUnknownTenant, tenant, said, firstSeen.Add(q.cfg.HoldUnknownFor).Format(time.RFC3339), q.cfg.HoldUnknownFor)
 }
 
-// served forgets the hold of a message whose tenant is served now.
+// served forgets the hold of a message whose tenant is served now, or that is dead-lettered.
 func (q *quarantine) served(msg *message.Message, tenant string) {
 	if q.cfg.HoldUnknownFor <= 0 {
 		return
@@ -180,15 +184,15 @@ func (q *quarantine) served(msg *message.Message, tenant string) {
 	}
 }
 
-// sweep forgets, at most once per HoldUnknownFor, the holds of messages not delivered again long
-// after their hold ended (handled by another process, say), so that the map does not grow. Under mu.
+// sweep forgets, at most once per HoldUnknownFor, the holds of messages not delivered for that
+// long (handled by another process, say), so that the map does not grow. Under mu.
 func (q *quarantine) sweep(now time.Time) {
 	if now.Sub(q.swept) < q.cfg.HoldUnknownFor {
 		return
 	}
 	q.swept = now
 	for key, m := range q.held {
-		if now.Sub(m.firstSeen) > 2*q.cfg.HoldUnknownFor+q.cfg.HoldBackoff.Max {
+		if now.Sub(m.lastSeen) > q.cfg.HoldUnknownFor+q.cfg.HoldBackoff.Max {
 			delete(q.held, key)
 		}
 	}

@@ -580,3 +580,44 @@ func TestTenantOpener_OpensEachTenantOnceAndClosesThem(t *testing.T) {
 		t.Errorf("a second Close: %v", err)
 	}
 }
+
+// failingPublisher fails its first publishes, then publishes to the bus.
+type failingPublisher struct {
+	message.Publisher
+	failures atomic.Int64
+}
+
+func (p *failingPublisher) Publish(topic string, msgs ...*message.Message) error {
+	if p.failures.Add(-1) >= 0 {
+		return errors.New("the dead-letter topic refused the message")
+	}
+	return p.Publisher.Publish(topic, msgs...)
+}
+
+// A message whose hold has ended but whose dead letter cannot be sent goes back to the broker and is
+// dead-lettered on a later delivery: its hold does not start anew.
+func TestTenantConsumer_AHoldEndsOnceEvenWhenTheDeadLetterFails(t *testing.T) {
+	acme := newTenantDB(t, "acme")
+	now := &clock{}
+	now.Advance(time.Duration(time.Now().UnixNano()))
+	bus := broker(t)
+	dead := poisoned(t, bus, "invoices_dead")
+	pub := &failingPublisher{Publisher: bus}
+	pub.failures.Store(3)
+	catalog := newTenantCatalog()
+	catalog.set("acme", acme.Store, nil)
+	runTenantConsumer(t, bus, middleware.TenantStackConfig{
+		Tenants:        catalog,
+		StackConfig:    middleware.StackConfig{DeadLetterPublisher: pub, DeadLetterTopic: "invoices_dead", Now: now.Now},
+		HoldUnknownFor: time.Hour, HoldBackoff: tinyBackoff,
+	}, func(*message.Message) error { return errors.New("never called") })
+
+	ghost := tenantEvent("initech", "inv-1")
+	publish(t, bus, ghost)
+	testenv.Eventually(t, 20*time.Second, "the message held", func() bool { return catalog.times("initech") >= 3 })
+	now.Advance(time.Hour)
+	letter := receive(t, dead, "dead letter on the topic once the publisher takes it")
+	if letter.UUID != ghost.UUID || pub.failures.Load() >= 0 {
+		t.Fatalf("dead letter %s after %d refusals left; want %s after the 3 refusals", letter.UUID, pub.failures.Load(), ghost.UUID)
+	}
+}
