@@ -621,3 +621,32 @@ func TestTenantConsumer_AHoldEndsOnceEvenWhenTheDeadLetterFails(t *testing.T) {
 		t.Fatalf("dead letter %s after %d refusals left; want %s after the 3 refusals", letter.UUID, pub.failures.Load(), ghost.UUID)
 	}
 }
+
+// A tenant whose store changes (its database moved) is served on the new store from its next
+// message on: the consumer builds the tenant's stack anew.
+func TestTenantConsumer_FollowsATenantsStoreWhenItChanges(t *testing.T) {
+	before, after := newTenantDB(t, "acme-before"), newTenantDB(t, "acme-after")
+	catalog := newTenantCatalog()
+	catalog.set("acme", before.Store, nil)
+	bus := broker(t)
+	var applied atomic.Int64
+	runTenantConsumer(t, bus, middleware.TenantStackConfig{Tenants: catalog, QuarantineStore: migratedSQLite(t)},
+		recordEffect(&applied))
+
+	first, second := tenantEvent("acme", "inv-1"), tenantEvent("acme", "inv-2")
+	publish(t, bus, first)
+	testenv.Eventually(t, 20*time.Second, "the first message applied", func() bool {
+		return consumerStats(t, before.Store, "billing").Processed == 1
+	})
+	catalog.set("acme", after.Store, nil)
+	publish(t, bus, second)
+	testenv.Eventually(t, 20*time.Second, "the second message applied in the new store", func() bool {
+		return consumerStats(t, after.Store, "billing").Processed == 1
+	})
+	if got := effects(t, before.Store.DB()); !slices.Equal(got, []string{"acme/" + first.UUID}) {
+		t.Errorf("the old store's effects: %v", got)
+	}
+	if got := effects(t, after.Store.DB()); !slices.Equal(got, []string{"acme/" + second.UUID}) {
+		t.Errorf("the new store's effects: %v", got)
+	}
+}
