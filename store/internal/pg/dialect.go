@@ -56,6 +56,7 @@ type Dialect struct {
 	schema                      Name
 	q                           sqlstore.Queries
 	claim, markFailed           string
+	fleet                       sqlstore.FleetSQL
 	lockCount, lockRead, unlock string
 	// insertOne is the text of the writers' INSERT of one message, what nearly every Publish
 	// sends: built once instead of per call.
@@ -112,6 +113,11 @@ func New(cfg Config) (*Dialect, error) {
 	d.claim, d.markFailed = read("claim.sql"), read("mark_failed.sql")
 	d.lockCount, d.lockRead, d.unlock = read("lock_count_delivery.sql"), read("lock_delivery_count.sql"), read("unlock_message.sql")
 	d.insertOne = insertText(name, 1, !cfg.DisableNotify)
+	d.fleet = sqlstore.FleetSQL{
+		Now: "now()", Later: "now() + %s::bigint * interval '1 microsecond'", Returning: true,
+		UpsertMember: read("fleet_heartbeat.sql"), AcquireLease: read("fleet_acquire_lease.sql"),
+		RecordOutboxes: read("fleet_record_outboxes.sql"),
+	}
 	return d, nil
 }
 
@@ -146,6 +152,10 @@ ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, last_pas
     pauses_seen_at = excluded.pauses_seen_at`,
 	}
 }
+
+// Fleet's clock is the server's: now(), the start of the statement's transaction, which every
+// fleet statement runs alone in (but LeaveFleet's two, which share it).
+func (d *Dialect) Fleet() sqlstore.FleetSQL { return d.fleet }
 
 func (d *Dialect) Int64s(v []int64) any {
 	if v == nil {
