@@ -136,7 +136,7 @@ func checkCatalog(outboxes []Outbox) (valid []Outbox, invalid map[string]error, 
 		valid = append(valid, o)
 	}
 	if len(dup) > 0 {
-		return nil, nil, fmt.Errorf("%w: outbox names must be unique, and these appear more than once: %s",
+		return nil, invalid, fmt.Errorf("%w: outbox names must be unique, and these appear more than once: %s",
 			ErrCatalog, strings.Join(slices.Compact(slices.Sorted(slices.Values(dup))), ", "))
 	}
 	slices.SortFunc(valid, func(a, b Outbox) int { return strings.Compare(a.Name, b.Name) })

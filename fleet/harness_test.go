@@ -290,11 +290,7 @@ func (w writer) tryWrite(n int) ([]string, error) {
 func sqliteOutbox(t *testing.T, dir, name string) (fleet.Outbox, writer) {
 	t.Helper()
 	path := filepath.Join(dir, name+".db")
-	st, err := sqlitestore.Open(context.Background(), path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = st.DB().Close() })
+	st := openSQLite(t, path)
 	if _, err := pipeline.Migrate(context.Background(), st); err != nil {
 		t.Fatal(err)
 	}
@@ -304,14 +300,21 @@ func sqliteOutbox(t *testing.T, dir, name string) (fleet.Outbox, writer) {
 // sqliteCoordination is a migrated SQLite coordination database.
 func sqliteCoordination(t *testing.T, dir string) store.Store {
 	t.Helper()
-	st, err := sqlitestore.Open(context.Background(), filepath.Join(dir, "coordination.db"))
+	st := openSQLite(t, filepath.Join(dir, "coordination.db"))
+	if _, err := pipeline.Migrate(context.Background(), st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// openSQLite opens a SQLite database, closed when the test ends.
+func openSQLite(t *testing.T, path string) *sqlitestore.Store {
+	t.Helper()
+	st, err := sqlitestore.Open(context.Background(), path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = st.DB().Close() })
-	if _, err := pipeline.Migrate(context.Background(), st); err != nil {
-		t.Fatal(err)
-	}
 	return st
 }
 
