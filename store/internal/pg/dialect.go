@@ -45,6 +45,9 @@ type Config struct {
 	ListenConnect func(ctx context.Context) (*pgx.Conn, error)
 	// ListenRetry is the wait before the LISTEN connection is opened again. Default 2s.
 	ListenRetry time.Duration
+	// Listener, when set, wakes the relays instead of a LISTEN connection of their own
+	// (ListenConnect is then unused): one connection shared with other schemas' stores.
+	Listener store.SharedListener
 	// WAL writes events as logical decoding messages instead of outbox rows (see pgxstore.Config).
 	WAL bool
 }
@@ -153,8 +156,9 @@ ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, last_pas
 	}
 }
 
-// Fleet's clock is the server's: now(), the start of the statement's transaction, which every
-// fleet statement runs alone in (but LeaveFleet's two, which share it).
+// Fleet is the relay fleet's statements' view of Postgres. Its clock is the server's: now(), the
+// start of the statement's transaction, which every fleet statement runs alone in (but
+// LeaveFleet's two, which share it).
 func (d *Dialect) Fleet() sqlstore.FleetSQL { return d.fleet }
 
 func (d *Dialect) Int64s(v []int64) any {
@@ -423,6 +427,9 @@ func (d *Dialect) LockMessage(ctx context.Context, db dbexec.DB, consumer, messa
 }
 
 func (d *Dialect) Waker() store.Waker {
+	if d.cfg.Listener != nil {
+		return d.cfg.Listener.WakerFor(string(d.schema))
+	}
 	if d.cfg.ListenConnect == nil {
 		return nil
 	}
