@@ -11,9 +11,11 @@ import (
 )
 
 // A fleet on Postgres: the coordination database and six tenants, each a schema of one database
-// (opened through one shared handle), relayed by two members and then by the one left.
+// (opened through one shared handle and one LISTEN connection per member), relayed by two members
+// and then by the one left.
 func TestMember_OnPostgres(t *testing.T) {
 	coord := testenv.NewPG(t)
+	app := testenv.UniqueName(t, "fleet") // names the members' sessions on the shared server
 	pub := newRecorder(t)
 	var names []string
 	outboxes := fleet.Outboxes{}
@@ -25,7 +27,8 @@ func TestMember_OnPostgres(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		outboxes = append(outboxes, fleet.Outbox{Name: name, Tenant: "tenant-of-" + name, URL: pg.URL, Schema: string(pg.Schema)})
+		url := pg.URL + "&application_name=" + app
+		outboxes = append(outboxes, fleet.Outbox{Name: name, Tenant: "tenant-of-" + name, URL: url, Schema: string(pg.Schema)})
 		writers[name], names = writer{st: w, db: pg.DB}, append(names, name)
 	}
 	cfg := func(member string) fleet.Config {
@@ -38,6 +41,14 @@ func TestMember_OnPostgres(t *testing.T) {
 		ids = append(ids, writers[n].write(t, 5)...)
 	}
 	waitReceived(t, pub, ids, 10*time.Second)
+	// Six schemas, two members: a LISTEN connection for each member, not for each schema.
+	listening := func() int {
+		return coord.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND (query ILIKE 'listen%' OR query ILIKE 'unlisten%')`, app)
+	}
+	if !testenv.Within(10*time.Second, func() bool { return listening() == 2 }) {
+		t.Fatalf("%d LISTEN connections for 6 schemas and 2 members, want 2", listening())
+	}
+	t.Logf("6 schemas, 2 members: %d sessions in all", coord.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1`, app))
 	waitStatus(t, m2, "2 live members relaying 6 outboxes", func(st fleet.Status) bool {
 		return st.LiveMembers() == 2 && len(st.Outboxes) == 6 && len(st.Unowned()) == 0
 	})

@@ -37,6 +37,7 @@ type Option func(*options)
 type options struct {
 	maxConns int
 	logMode  pglog.Mode
+	pollOnly bool
 }
 
 // MaxConns bounds the open connections of each database handle, shared by every outbox on that
@@ -44,21 +45,28 @@ type options struct {
 // Default store.DefaultMaxConns (20).
 func MaxConns(n int) Option { return func(o *options) { o.maxConns = n } }
 
+// PollOnly opens no LISTEN connection on Postgres (PgBouncer in transaction mode carries no
+// notifications): relays poll. Default false: one LISTEN connection per database, shared by the
+// relays of every schema on it (pgxstore.Listener).
+func PollOnly() Option { return func(o *options) { o.pollOnly = true } }
+
 // LogMode is the writers' mode of the outboxes relayed from Postgres's write-ahead log
 // (fleet.RelayLog): pglog.ModeTable (the default) or pglog.ModeWAL.
 func LogMode(mode pglog.Mode) Option { return func(o *options) { o.logMode = mode } }
 
 // Opener opens each outbox by its URL (fleet.Outbox.URL, in store.Open's form) and schema:
 //
-//	postgres://  store/pgsqlstore on a database/sql handle (pgx's driver) shared per URL; with
-//	             fleet.RelayLog, store/pgxstore on a pgxpool.Pool shared per URL, relayed by
-//	             forwarder/pglog (a replication connection for each outbox)
+//	postgres://  store/pgsqlstore on a database/sql handle (pgx's driver) and a LISTEN
+//	             connection (pgxstore.Listener), both shared per URL; with fleet.RelayLog,
+//	             store/pgxstore on a pgxpool.Pool shared per URL, relayed by forwarder/pglog (a
+//	             replication connection for each outbox)
 //	mysql://     store/mysqlstore on a handle shared per URL; Schema is outboxkit's database
 //	sqlite://    store/sqlitestore on a handle shared per file; Schema does not apply
 //
 // Each handle is opened when the first outbox on its database is, checked (a ping, and the
 // server's version on MySQL) each time an outbox is opened, and closed when the last outbox on it
-// is. Relays poll (their writers in other processes wake no relay). The schemas are not migrated:
+// is. Writers on Postgres wake the relays (NOTIFY, unless PollOnly); on MySQL and SQLite, written
+// by other processes, the relays poll. The schemas are not migrated:
 // migrate each outbox as a deploy step (pipeline.Migrate, outboxctl migrate); a relay refuses an
 // outbox that is not, and the fleet shows the error in its Status.
 func Opener(opts ...Option) fleet.Opener {
@@ -79,8 +87,9 @@ type handles struct {
 }
 
 type sqlHandle struct {
-	db   *sql.DB
-	refs int
+	db       *sql.DB
+	listener *pgxstore.Listener // Postgres's wake-ups, nil elsewhere
+	refs     int
 }
 
 type poolHandle struct {
@@ -103,22 +112,26 @@ func (h *handles) open(ctx context.Context, o fleet.Outbox) (fleet.Opened, error
 	}
 	switch scheme {
 	case "postgres", "postgresql":
-		db, release, err := h.sqlDB(ctx, "pgx", o.URL, o.URL)
+		e, release, err := h.sqlDB(ctx, "pgx", o.URL, o.URL)
 		if err != nil {
 			return fleet.Opened{}, err
 		}
-		s, err := pgsqlstore.New(db, pgsqlstore.Config{Schema: o.Schema})
+		cfg := pgsqlstore.Config{Schema: o.Schema}
+		if e.listener != nil {
+			cfg.Listener = e.listener
+		}
+		s, err := pgsqlstore.New(e.db, cfg)
 		return finish(s, release, err)
 	case "mysql":
 		dsn, err := mysqlstore.DSN(o.URL)
 		if err != nil {
 			return fleet.Opened{}, err
 		}
-		db, release, err := h.sqlDB(ctx, "mysql", dsn, o.URL)
+		e, release, err := h.sqlDB(ctx, "mysql", dsn, o.URL)
 		if err != nil {
 			return fleet.Opened{}, err
 		}
-		s, err := mysqlstore.New(db, mysqlstore.Config{Schema: o.Schema})
+		s, err := mysqlstore.New(e.db, mysqlstore.Config{Schema: o.Schema})
 		if err == nil {
 			if err = s.CheckVersion(ctx); err != nil {
 				err = fmt.Errorf("database at %s: %w", store.RedactURL(o.URL), err)
@@ -129,11 +142,11 @@ func (h *handles) open(ctx context.Context, o fleet.Outbox) (fleet.Opened, error
 		if rest == "" {
 			return fleet.Opened{}, fmt.Errorf("fleetstores: outbox %q: URL %q names no file: use sqlite://path/to/file.db", o.Name, o.URL)
 		}
-		db, release, err := h.sqlDB(ctx, "sqlite", sqlitestore.DSN(rest), o.URL)
+		e, release, err := h.sqlDB(ctx, "sqlite", sqlitestore.DSN(rest), o.URL)
 		if err != nil {
 			return fleet.Opened{}, err
 		}
-		s, err := sqlitestore.New(db, sqlitestore.Config{Name: rest})
+		s, err := sqlitestore.New(e.db, sqlitestore.Config{Name: rest})
 		return finish(s, release, err)
 	default:
 		return fleet.Opened{}, fmt.Errorf("fleetstores: outbox %q: URL scheme %s:// is not one of postgres://, mysql://, sqlite://",
@@ -149,9 +162,9 @@ func finish(s store.Store, release func() error, err error) (fleet.Opened, error
 	return fleet.Opened{Store: s, Close: release}, nil
 }
 
-// sqlDB is the shared handle of driver's source, opened on first use, checked with a ping; release
-// gives it back.
-func (h *handles) sqlDB(ctx context.Context, driver, source, rawURL string) (db *sql.DB, release func() error, err error) {
+// sqlDB is the shared handle of driver's source (with its LISTEN connection on Postgres), opened
+// on first use, checked with a ping; release gives it back, and closes it after its last use.
+func (h *handles) sqlDB(ctx context.Context, driver, source, rawURL string) (e *sqlHandle, release func() error, err error) {
 	key := driver + "\x00" + source
 	h.mu.Lock()
 	e, ok := h.sql[key]
@@ -163,6 +176,13 @@ func (h *handles) sqlDB(ctx context.Context, driver, source, rawURL string) (db 
 		}
 		db.SetMaxOpenConns(h.opts.maxConns)
 		e = &sqlHandle{db: db}
+		if driver == "pgx" && !h.opts.pollOnly {
+			if e.listener, err = pgxstore.NewListener(source, pgxstore.ListenerConfig{}); err != nil {
+				h.mu.Unlock()
+				_ = db.Close()
+				return nil, nil, err
+			}
+		}
 		h.sql[key] = e
 	}
 	e.refs++
@@ -175,6 +195,9 @@ func (h *handles) sqlDB(ctx context.Context, driver, source, rawURL string) (db 
 			defer h.mu.Unlock()
 			if e.refs--; e.refs == 0 {
 				delete(h.sql, key)
+				if e.listener != nil {
+					e.listener.Close()
+				}
 				err = e.db.Close()
 			}
 		})
@@ -183,7 +206,7 @@ func (h *handles) sqlDB(ctx context.Context, driver, source, rawURL string) (db 
 	if err := e.db.PingContext(ctx); err != nil {
 		return nil, nil, errors.Join(fmt.Errorf("cannot reach the database at %s: %w", store.RedactURL(rawURL), err), release())
 	}
-	return e.db, release, nil
+	return e, release, nil
 }
 
 // openLog opens an outbox relayed from Postgres's write-ahead log.
