@@ -30,6 +30,11 @@ const (
 	// the relay (MySQL, Postgres without LISTEN, SQLite written by another process): an event
 	// written to an idle outbox waits up to this long.
 	DefaultIdlePollWithoutWake = 2 * time.Second
+	// DefaultRelayHeartbeat is the forwarder's HeartbeatInterval: how often each outbox's relay
+	// reads the operator's pauses and reports itself in its database (two statements), the main
+	// cost of an idle outbox. A pause is honoured within it; the console calls a relay gone after
+	// 15s without one.
+	DefaultRelayHeartbeat = 5 * time.Second
 )
 
 // Opener opens the store of an outbox its member has just acquired, and says how to relay it.
@@ -97,6 +102,7 @@ type Config struct {
 	// set for each outbox (Name is the outbox's). Where it leaves IdlePollInterval at 0, the
 	// member sets DefaultIdlePoll when the store's writers wake relays and
 	// DefaultIdlePollWithoutWake when they do not; set it to PollInterval to keep every poll.
+	// HeartbeatInterval left at 0 is DefaultRelayHeartbeat.
 	Forwarder forwarder.Config
 	// ForwarderMetrics, when set, gives each forwarder the member builds its metrics (a
 	// forwarder.Metrics serves one forwarder): func(string) forwarder.Metrics { return

@@ -3,6 +3,7 @@ package fleet_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
@@ -229,16 +230,34 @@ func (g *gated) FleetOutboxes(ctx context.Context, f string) ([]store.FleetOutbo
 	return g.fc.FleetOutboxes(ctx, f)
 }
 
-// catalog is a catalog the test changes while the fleet runs.
+// catalog is a catalog the test changes while the fleet runs, or makes fail.
 type catalog struct {
 	mu       sync.Mutex
 	outboxes []fleet.Outbox
+	failing  bool
+	failed   int // reads that failed
 }
 
 func (c *catalog) Outboxes(context.Context) ([]fleet.Outbox, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.failing {
+		c.failed++
+		return nil, errors.New("the catalog's database is down")
+	}
 	return slices.Clone(c.outboxes), nil
+}
+
+func (c *catalog) fail(on bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.failing = on
+}
+
+func (c *catalog) failures() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.failed
 }
 
 func (c *catalog) set(f func([]fleet.Outbox) []fleet.Outbox) {
@@ -423,4 +442,42 @@ func waitReceived(t *testing.T, pub *recorder, ids []string, within time.Duratio
 	}) {
 		t.Fatalf("%d of %d events did not reach the broker within %s", missing, len(ids), within)
 	}
+}
+
+// leaseEvents counts what a member's Metrics hear.
+type leaseEvents struct {
+	mu                       sync.Mutex
+	acquired, released, lost map[string]int
+	reasons                  []string
+	failed                   map[string]int
+}
+
+func newLeaseEvents() *leaseEvents {
+	return &leaseEvents{acquired: map[string]int{}, released: map[string]int{}, lost: map[string]int{}, failed: map[string]int{}}
+}
+
+func (e *leaseEvents) LeaseAcquired(outbox string, _ int64) { e.inc(e.acquired, outbox) }
+func (e *leaseEvents) LeaseReleased(outbox string)          { e.inc(e.released, outbox) }
+func (e *leaseEvents) RelayFailed(outbox string, _ error)   { e.inc(e.failed, outbox) }
+func (e *leaseEvents) LeaseLost(outbox, reason string) {
+	e.mu.Lock()
+	e.reasons = append(e.reasons, reason)
+	e.mu.Unlock()
+	e.inc(e.lost, outbox)
+}
+
+func (e *leaseEvents) inc(m map[string]int, outbox string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m[outbox]++
+}
+
+func (e *leaseEvents) count(m map[string]int) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
 }

@@ -601,6 +601,9 @@ func (m *Member) forwarderConfig(r *relay, s store.Store) forwarder.Config {
 	if m.cfg.ForwarderMetrics != nil {
 		c.Metrics = m.cfg.ForwarderMetrics(r.outbox.Name)
 	}
+	if c.HeartbeatInterval == 0 {
+		c.HeartbeatInterval = DefaultRelayHeartbeat
+	}
 	if c.IdlePollInterval == 0 {
 		poll := c.PollInterval
 		c.IdlePollInterval = DefaultIdlePollWithoutWake

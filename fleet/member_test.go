@@ -122,7 +122,8 @@ func TestMember_StopsRelayingBeforeItsLeaseCanBeTaken(t *testing.T) {
 		c.Fleet, c.Member, c.Catalog, c.Publisher = "fence", member, outboxes, pub
 		return timing(c)
 	}
-	m1 := start(t, cfg("m1", fleet.Config{Coordination: cut}))
+	events := newLeaseEvents()
+	m1 := start(t, cfg("m1", fleet.Config{Coordination: cut, Metrics: events}))
 	m2 := start(t, cfg("m2", fleet.Config{Coordination: coord}))
 	waitSpread(t, names, 1, m1, m2)
 	held := m1.Owned()
@@ -161,6 +162,9 @@ func TestMember_StopsRelayingBeforeItsLeaseCanBeTaken(t *testing.T) {
 	t.Logf("m2 relays all %d outboxes %s after m1 was cut off (lease %s)", len(names), time.Since(cutAt).Round(time.Millisecond), 2*time.Second)
 	if len(m1.Owned()) != 0 {
 		t.Errorf("m1 still relays %v", m1.Owned())
+	}
+	if n := events.count(events.lost); n != len(held) || !slices.Contains(events.reasons, "not renewed in time") {
+		t.Errorf("m1's metrics heard %d leases lost (%v), want %d, not renewed in time", n, events.reasons, len(held))
 	}
 	// m1 comes back: it takes its share again, from m2, which stops first.
 	cut.hung.Store(false)
@@ -217,6 +221,19 @@ func TestMember_FollowsTheCatalog(t *testing.T) {
 	if took > 5*time.Second {
 		t.Errorf("first event of a new outbox relayed after %s, want within 5s", took)
 	}
+
+	// The catalog cannot be read for a while: the last one read stays in force.
+	waitOwnedOnce(t, []string{"broken", "first", "late"}, m1, m2)
+	relayed := append(m1.Owned(), m2.Owned()...)
+	slices.Sort(relayed)
+	cat.fail(true)
+	testenv.Eventually(t, 10*time.Second, "3 failed reads of the catalog", func() bool { return cat.failures() >= 3 })
+	still := append(m1.Owned(), m2.Owned()...)
+	slices.Sort(still)
+	if !slices.Equal(still, relayed) {
+		t.Errorf("while the catalog could not be read the fleet went from relaying %v to %v", relayed, still)
+	}
+	cat.fail(false)
 
 	st := waitStatus(t, m1, "the broken and invalid outboxes' errors", func(st fleet.Status) bool {
 		return errorOf(st, "broken") != "" && errorOf(st, "invalid") != ""
