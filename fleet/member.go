@@ -231,7 +231,7 @@ func (m *Member) heartbeat(ctx context.Context) error {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
 	m.mu.Lock()
-	m.dbOffset = now.Sub(time.Now())
+	m.dbOffset = time.Until(now)
 	m.mu.Unlock()
 	return nil
 }
