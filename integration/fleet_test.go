@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/fleet"
@@ -26,6 +27,7 @@ import (
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store"
+	"github.com/outboxkit/outboxkit/store/pgxstore"
 )
 
 // fleetMemberSpec is what TestHelperFleetMember, a member process, is told in its environment.
@@ -96,8 +98,9 @@ func (p *fleetProc) output() string {
 	return p.out.String()
 }
 
-// The issue's faults on a fleet of three member processes relaying twelve Postgres schemas into
-// RabbitMQ while events are written to every one: kill -9 of a member (three times), its
+// Faults on a fleet of three member processes relaying ten Postgres schemas and two databases of
+// their own into RabbitMQ while events are written to every one (OUTBOXKIT_FLEET_SCHEMAS,
+// _DATABASES, _KILLS and _LEASE_TTL_MS size a longer soak): kill -9 of a member (three times), its
 // coordination connections frozen (a black hole), then terminated by the server again and again
 // (pg_terminate_backend). Every outbox a lost member owned is relayed by another within the lease's
 // term and a tick; nothing written is lost; and never do two owners publish for one outbox — checked
@@ -105,12 +108,15 @@ func (p *fleetProc) output() string {
 // message of a lower one arrives after it.
 func TestFleet_RelayProcessesKilledCutOffAndTerminated(t *testing.T) {
 	t.Parallel()
-	const (
-		tenants  = 12
-		leaseTTL = 4 * time.Second
+	var (
+		schemas   = envInt(t, "OUTBOXKIT_FLEET_SCHEMAS", 10)
+		databases = envInt(t, "OUTBOXKIT_FLEET_DATABASES", 2)
+		kills     = envInt(t, "OUTBOXKIT_FLEET_KILLS", 3)
+		leaseTTL  = time.Duration(envInt(t, "OUTBOXKIT_FLEET_LEASE_TTL_MS", 4000)) * time.Millisecond
+		tenants   = schemas + databases
 		// takeoverBound is generous: the lease's term, a tick, and the time for a new owner's first
 		// pass, with room for a loaded machine.
-		takeoverBound = 20 * time.Second
+		takeoverBound = leaseTTL + 16*time.Second
 	)
 	ctx := context.Background()
 	pgURL := testenv.PostgresURL(t)
@@ -124,12 +130,7 @@ func TestFleet_RelayProcessesKilledCutOffAndTerminated(t *testing.T) {
 	}
 	fleetName := topic
 
-	dbs := make([]*testenv.PG, tenants)
-	var outboxes []fleet.Outbox
-	for i := range dbs {
-		dbs[i] = testenv.NewPG(t)
-		outboxes = append(outboxes, fleet.Outbox{Name: fmt.Sprintf("tenant-%02d", i), URL: dbs[i].URL, Schema: string(dbs[i].Schema)})
-	}
+	dbs, outboxes := fleetTenants(t, pgURL, schemas, databases)
 	u, err := url.Parse(pgURL)
 	if err != nil {
 		t.Fatal(err)
@@ -211,8 +212,8 @@ func TestFleet_RelayProcessesKilledCutOffAndTerminated(t *testing.T) {
 		for n := 0; wctx.Err() == nil; n++ {
 			db := dbs[n%tenants]
 			msg := pipeline.NewEvent("Happened", fmt.Sprintf("key-%d", n%37), []byte(`{"n":`+strconv.Itoa(n)+`}`))
-			err := pgx.BeginFunc(wctx, db.Pool, func(tx pgx.Tx) error {
-				pub, err := pipeline.NewPublisher(db.Store, tx, pipeline.PublisherConfig{})
+			err := pgx.BeginFunc(wctx, db.pool, func(tx pgx.Tx) error {
+				pub, err := pipeline.NewPublisher(db.store, tx, pipeline.PublisherConfig{})
 				if err != nil {
 					return err
 				}
@@ -284,8 +285,8 @@ func TestFleet_RelayProcessesKilledCutOffAndTerminated(t *testing.T) {
 	}
 
 	// kill -9, three times; each time a new member takes the dead one's place.
-	var kills []time.Duration
-	for k := 1; k <= 3; k++ {
+	var takeovers []time.Duration
+	for k := 1; k <= max(kills, 1); k++ {
 		victim, tokens := busiest()
 		at := time.Now()
 		if err := victim.cmd.Process.Kill(); err != nil {
@@ -293,7 +294,7 @@ func TestFleet_RelayProcessesKilledCutOffAndTerminated(t *testing.T) {
 		}
 		<-victim.exited
 		d := relayedAgain(at, tokens)
-		kills = append(kills, d)
+		takeovers = append(takeovers, d)
 		t.Logf("kill -9 %d of %s: its %d outboxes relayed by others after %s", k, victim.name, len(tokens), d.Round(time.Millisecond))
 		live = append(without(live, victim), start(fmt.Sprintf("m%d-%d", k%3, k)))
 	}
@@ -372,9 +373,11 @@ func TestFleet_RelayProcessesKilledCutOffAndTerminated(t *testing.T) {
 		}
 		highest[o] = max(highest[o], tok)
 	}
-	slices.Sort(kills)
-	t.Logf("%d events written, %d delivered, %d duplicates, %d published by a stale owner; kill -9 takeovers %v",
-		want, len(got), dups, stale, kills)
+	slices.Sort(takeovers)
+	t.Logf("%d outboxes (%d schemas, %d databases), %d events written, %d delivered, %d duplicates, %d published by a stale owner; "+
+		"kill -9 takeovers with a %s lease: p50 %s, max %s over %d",
+		tenants, schemas, databases, want, len(got), dups, stale, leaseTTL, takeovers[len(takeovers)/2].Round(time.Millisecond),
+		takeovers[len(takeovers)-1].Round(time.Millisecond), len(takeovers))
 
 	// SIGTERM: each member finishes, releases its leases and exits 0.
 	for _, p := range live {
@@ -399,4 +402,88 @@ func TestFleet_RelayProcessesKilledCutOffAndTerminated(t *testing.T) {
 			t.Errorf("outbox %s still held by %s after every member stopped", l.Outbox, l.Owner)
 		}
 	}
+}
+
+// fleetTenant is one outbox of the fleet's test, as the test's writer reaches it.
+type fleetTenant struct {
+	pool  *pgxpool.Pool
+	store *pgxstore.Store
+}
+
+// fleetTenants makes schemas outboxes as schemas of the test database, written through one pool,
+// and databases outboxes each in a database of its own, all dropped when the test ends.
+func fleetTenants(t *testing.T, pgURL string, schemas, databases int) ([]fleetTenant, []fleet.Outbox) {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, pgURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	var (
+		tenants  []fleetTenant
+		outboxes []fleet.Outbox
+	)
+	add := func(pool *pgxpool.Pool, url, schema string) {
+		st, err := pgxstore.New(pool, pgxstore.Config{Schema: schema})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := st.Migrate(ctx); err != nil {
+			t.Fatalf("migrate %s: %v", schema, err)
+		}
+		tenants = append(tenants, fleetTenant{pool: pool, store: st})
+		outboxes = append(outboxes, fleet.Outbox{Name: fmt.Sprintf("tenant-%03d", len(outboxes)), URL: url, Schema: schema})
+	}
+	for range schemas {
+		schema := testenv.UniqueName(t, "ft")
+		t.Cleanup(func() {
+			if _, err := pool.Exec(context.Background(), "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
+				t.Errorf("drop schema %s: %v", schema, err)
+			}
+		})
+		add(pool, pgURL, schema)
+	}
+	for range databases {
+		name := testenv.UniqueName(t, "ftdb")
+		if _, err := pool.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if _, err := pool.Exec(context.Background(), "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)"); err != nil {
+				t.Errorf("drop database %s: %v", name, err)
+			}
+		})
+		u, err := url.Parse(pgURL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		u.Path = "/" + name
+		cfg, err := pgxpool.ParseConfig(u.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.MaxConns = 1
+		dbPool, err := pgxpool.NewWithConfig(ctx, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(dbPool.Close)
+		add(dbPool, u.String(), "outboxkit")
+	}
+	return tenants, outboxes
+}
+
+// envInt is the integer in the environment variable name, or def when it is unset.
+func envInt(t *testing.T, name string, def int) int {
+	t.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		t.Fatalf("%s=%q: want a non-negative integer", name, v)
+	}
+	return n
 }
