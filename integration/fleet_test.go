@@ -38,6 +38,7 @@ type fleetMemberSpec struct {
 	Member      string         `json:"member"`
 	AMQP        string         `json:"amqp"`
 	LeaseTTL    time.Duration  `json:"lease_ttl"`
+	MaxConns    int            `json:"max_conns"`
 	Outboxes    []fleet.Outbox `json:"outboxes"`
 }
 
@@ -56,14 +57,14 @@ func TestHelperFleetMember(t *testing.T) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	coord, err := store.Open(ctx, spec.CoordURL, store.OpenOptions{Schema: spec.CoordSchema, MaxConns: 4})
+	coord, err := store.Open(ctx, spec.CoordURL, store.OpenOptions{Schema: spec.CoordSchema, MaxConns: spec.MaxConns})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer coord.Close()
 	m, err := fleet.New(fleet.Config{
 		Fleet: spec.Fleet, Member: spec.Member, Coordination: coord,
-		Catalog: fleet.Outboxes(spec.Outboxes), Open: fleetstores.Opener(fleetstores.MaxConns(4)),
+		Catalog: fleet.Outboxes(spec.Outboxes), Open: fleetstores.Opener(fleetstores.MaxConns(spec.MaxConns)),
 		Publisher: amqpPublisher(t, spec.AMQP), LeaseTTL: spec.LeaseTTL,
 		Forwarder: forwarder.Config{PollInterval: 100 * time.Millisecond, IdlePollInterval: 500 * time.Millisecond},
 	})
@@ -100,7 +101,7 @@ func (p *fleetProc) output() string {
 
 // Faults on a fleet of three member processes relaying ten Postgres schemas and two databases of
 // their own into RabbitMQ while events are written to every one (OUTBOXKIT_FLEET_SCHEMAS,
-// _DATABASES, _KILLS and _LEASE_TTL_MS size a longer soak): kill -9 of a member (three times), its
+// _DATABASES, _KILLS, _LEASE_TTL_MS and _MAX_CONNS size a longer soak: make chaos-fleet): kill -9 of a member (three times), its
 // coordination connections frozen (a black hole), then terminated by the server again and again
 // (pg_terminate_backend). Every outbox a lost member owned is relayed by another within the lease's
 // term and a tick; nothing written is lost; and never do two owners publish for one outbox — checked
@@ -113,7 +114,10 @@ func TestFleet_RelayProcessesKilledCutOffAndTerminated(t *testing.T) {
 		databases = envInt(t, "OUTBOXKIT_FLEET_DATABASES", 2)
 		kills     = envInt(t, "OUTBOXKIT_FLEET_KILLS", 3)
 		leaseTTL  = time.Duration(envInt(t, "OUTBOXKIT_FLEET_LEASE_TTL_MS", 4000)) * time.Millisecond
-		tenants   = schemas + databases
+		// maxConns bounds each member's connections per database (and to the coordination
+		// database): the shared server allows 100 in all.
+		maxConns = max(envInt(t, "OUTBOXKIT_FLEET_MAX_CONNS", 3), 1)
+		tenants  = schemas + databases
 		// takeoverBound is generous: the lease's term, a tick, and the time for a new owner's first
 		// pass, with room for a loaded machine.
 		takeoverBound = leaseTTL + 16*time.Second
@@ -149,7 +153,7 @@ func TestFleet_RelayProcessesKilledCutOffAndTerminated(t *testing.T) {
 		qv.Set("application_name", "fleet-"+name)
 		cu.RawQuery = qv.Encode()
 		spec, _ := json.Marshal(fleetMemberSpec{CoordURL: cu.String(), CoordSchema: string(coord.Schema), Fleet: fleetName,
-			Member: name, AMQP: amqpURL, LeaseTTL: leaseTTL, Outboxes: outboxes})
+			Member: name, AMQP: amqpURL, LeaseTTL: leaseTTL, MaxConns: maxConns, Outboxes: outboxes})
 		p := &fleetProc{name: name, proxy: proxy, exited: make(chan struct{})}
 		p.cmd = exec.Command(os.Args[0], "-test.run=^TestHelperFleetMember$", "-test.v")
 		p.cmd.Env = append(os.Environ(), envHelperFleet+"="+string(spec))
