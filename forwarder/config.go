@@ -80,6 +80,15 @@ type Config struct {
 	// whose writers do not wake relays.
 	PollInterval time.Duration
 
+	// IdlePollInterval lets an idle relay poll less and less: after each pass that finds nothing,
+	// the wait before the next doubles, from PollInterval up to IdlePollInterval (each jittered by
+	// ±10%), so that an outbox nobody writes to costs next to nothing. A pass that claims rows, or
+	// a writer's wake-up, brings the wait back to PollInterval. Where writers wake relays the
+	// wake-up comes at once however long the wait; where they do not, a row waits for the next
+	// poll: up to IdlePollInterval. It must be at least PollInterval. Default 0: every wait is
+	// PollInterval.
+	IdlePollInterval time.Duration
+
 	// AwakePoll is the poll of a relay that traffic keeps awake, where the store lets writers skip
 	// the wake-up meanwhile (Postgres, whose NOTIFY serialises the writers' commits, which costs
 	// more than the row itself under many writers). A relay becomes awake while it relays more
@@ -272,6 +281,10 @@ func (c Config) validate() error {
 		}
 	}
 	positiveDur("PollInterval", c.PollInterval)
+	if c.IdlePollInterval != 0 && c.IdlePollInterval < c.PollInterval {
+		errs = append(errs, fmt.Errorf("IdlePollInterval must be 0 (off) or at least PollInterval (%s), got %s",
+			c.PollInterval, c.IdlePollInterval))
+	}
 	positiveDur("AwakePoll", c.AwakePoll)
 	positiveDur("AwakeFor", c.AwakeFor)
 	positive("AwakeAbove", c.AwakeAbove)

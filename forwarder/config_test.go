@@ -47,6 +47,7 @@ func TestConfigValidation(t *testing.T) {
 		"Jitter must be in [0, 1)":              {CircuitBackoff: forwarder.Backoff{Initial: 1, Max: 2, Multiplier: 2, Jitter: 1}},
 		"contradict":                            {Retention: forwarder.Retention{Keep: true, DeleteOnPublish: true}},
 		"PollInterval must be positive":         {PollInterval: -time.Second},
+		"IdlePollInterval must be 0 (off) or at least PollInterval": {PollInterval: time.Second, IdlePollInterval: time.Millisecond},
 	}
 	pub := gochannel.NewGoChannel(gochannel.Config{}, nil)
 	defer pub.Close()

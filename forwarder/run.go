@@ -17,7 +17,8 @@ import (
 //
 // It runs a pass when a writer wakes it (the store's Waker: Postgres NOTIFY on a connection of its
 // own that reconnects by itself, SQLite's in-process signal), when the jittered PollInterval
-// elapses, and back to back while passes come back full.
+// elapses (growing up to IdlePollInterval while passes find nothing), and back to back while
+// passes come back full.
 // Database and broker failures never end it: it logs them and backs off. What no outage explains
 // ends it at once, with an error that says what to do: outboxkit's tables missing or migrated by a
 // newer build, the database or the broker (when its publisher can check, as the backends' do)
@@ -81,6 +82,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	})
 	dbFailures := 0
 	var aw awakeState
+	idleWait := f.cfg.PollInterval // the wait after the next empty pass (IdlePollInterval)
 	for {
 		probing := f.circuit.isOpen() // a pass of an open circuit publishes one row at most
 		res, err := f.DispatchBatch(ctx)
@@ -92,6 +94,9 @@ func (f *Forwarder) Run(ctx context.Context) error {
 			wait     time.Duration
 			wakeable = true
 		)
+		// Only passes that find nothing, one after another, slow the poll (IdlePollInterval).
+		idle := idleWait
+		idleWait = f.cfg.PollInterval
 		switch {
 		case err != nil:
 			dbFailures++
@@ -116,8 +121,12 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		default:
 			dbFailures = 0
 			wait = jittered(f.cfg.PollInterval, 0.1)
+			if f.cfg.IdlePollInterval > 0 && res.Claimed == 0 {
+				wait = jittered(idle, 0.1)
+				idleWait = min(2*idle, f.cfg.IdlePollInterval)
+			}
 			if f.stayAwake(ctx, awaker, &aw, res.Claimed) {
-				wait = f.cfg.AwakePoll
+				wait, idleWait = f.cfg.AwakePoll, f.cfg.PollInterval
 			}
 		}
 		if wait == 0 {
@@ -129,6 +138,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 			case <-ctx.Done():
 			case <-timer.C:
 			case <-wake:
+				idleWait = f.cfg.PollInterval
 			}
 		} else {
 			select {

@@ -6,6 +6,7 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store"
@@ -35,4 +36,40 @@ func ExampleOpen() {
 	// Output:
 	// sqlite migrated: true
 	// INSERT INTO orders (id, customer) VALUES ($1, $2)
+}
+
+// A relay fleet's leases in its coordination database (here SQLite): one member takes an outbox,
+// another is refused and told who holds it, and once the first releases it the second takes it
+// with the next fencing token.
+func ExampleFleetControlOf() {
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	db, err := store.Open(ctx, "sqlite://"+filepath.Join(dir, "fleet.db"), store.OpenOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	fc, ok := store.FleetControlOf(db)
+	if !ok {
+		log.Fatal("this store keeps no fleet")
+	}
+	const term = 30 * time.Second
+	a, ok, _ := fc.AcquireLease(ctx, "relays", "tenant-7", "member-a", term)
+	fmt.Println("a:", ok, a.Owner, a.Token)
+	b, ok, _ := fc.AcquireLease(ctx, "relays", "tenant-7", "member-b", term)
+	fmt.Println("b:", ok, b.Owner, b.Token)
+	_ = fc.ReleaseLease(ctx, "relays", "tenant-7", "member-a", a.Token)
+	b, ok, _ = fc.AcquireLease(ctx, "relays", "tenant-7", "member-b", term)
+	fmt.Println("b:", ok, b.Owner, b.Token)
+	renewed, _ := fc.RenewLeases(ctx, "relays", "member-a", []store.Lease{a}, term)
+	fmt.Println("a renews:", len(renewed))
+	// Output:
+	// a: true member-a 1
+	// b: false member-a 1
+	// b: true member-b 2
+	// a renews: 0
 }

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -47,6 +48,10 @@ type OpenOptions struct {
 	// PollOnly opens no LISTEN connection (PgBouncer in transaction mode): relays poll. postgres;
 	// ignored where there is no LISTEN connection to open.
 	PollOnly bool
+	// Listener wakes the store's relays through a LISTEN connection shared with the stores of
+	// other schemas of the same database (pgxstore.NewListener), instead of one of their own.
+	// Default nil. postgres; refused with PollOnly.
+	Listener SharedListener
 	// SQLDriver names the database/sql driver the store talks through: "pgx" (pgx's stdlib,
 	// the default, imported by store/pgsqlstore) or "postgres" (lib/pq, which the program
 	// imports itself). postgres.
@@ -109,8 +114,14 @@ func Open(ctx context.Context, rawURL string, opts OpenOptions) (*DB, error) {
 	if opts.MustExist && scheme != "sqlite" {
 		wrong = append(wrong, "MustExist")
 	}
+	if opts.Listener != nil && scheme != "postgres" && scheme != "postgresql" {
+		wrong = append(wrong, "Listener")
+	}
 	if len(wrong) > 0 {
 		return nil, fmt.Errorf("options that do not apply to %s://: %s", scheme, strings.Join(wrong, ", "))
+	}
+	if opts.Listener != nil && opts.PollOnly {
+		return nil, errors.New("store: OpenOptions.Listener and OpenOptions.PollOnly are both set: a poll-only store listens to nothing; drop one")
 	}
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

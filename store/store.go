@@ -190,6 +190,14 @@ type Waker interface {
 	Listen(ctx context.Context, wake, listening func(), logErr func(error))
 }
 
+// SharedListener is one wake-up connection that the relays of many stores of one database share
+// (pgxstore.NewListener: one LISTEN connection for every schema), where each store would otherwise
+// hold its own. A store built with one hands its relays the Waker it gives for the store's schema.
+type SharedListener interface {
+	// WakerFor returns the Waker of the relays of the store whose tables are in schema.
+	WakerFor(schema string) Waker
+}
+
 // Awaker is implemented by a Waker whose writers can skip the wake-up while a relay says it is
 // awake (Postgres: a NOTIFY costs writers under load). A relay that runs passes back to back and
 // polls between them calls Awake; writers wake relays again once d has passed.

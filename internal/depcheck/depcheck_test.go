@@ -71,7 +71,9 @@ var allowed = map[string][]string{
 	"backends/postgresbackend": {"watermill-sql", "pgx", "lib/pq"}, // watermill-sql imports both drivers
 	"prom":                     {"prometheus", "net/http"},         // the client's own
 	"idempotency":              {"net/http"},
-	"console":                  {"net/http"}, // a handler: net/http and its own templates, no store or broker client
+	"console":                  {"net/http"},                                                      // a handler: net/http and its own templates, no store or broker client
+	"fleet":                    nil,                                                               // the member: stores come through its Opener
+	"fleet/fleetstores":        {"pgx", "pglogrepl", "go-sql-driver/mysql", "modernc.org/sqlite"}, // opens any outbox by URL
 }
 
 func TestEachPackageCompilesOnlyItsOwnClient(t *testing.T) {

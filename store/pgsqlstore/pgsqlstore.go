@@ -4,7 +4,8 @@
 // type appears in the team's code.
 //
 // It shares its SQL, migrations, claim and locks with store/pgxstore. Relays are woken by NOTIFY
-// when Config.ListenURL names the database (Open sets it); otherwise they poll.
+// when Config.ListenURL names the database (Open sets it), or through a LISTEN connection that
+// the stores of many schemas share (Config.Listener, a pgxstore.Listener); otherwise they poll.
 package pgsqlstore
 
 import (
@@ -35,6 +36,10 @@ type Config struct {
 	ListenURL string
 	// ListenRetry is the wait before the LISTEN connection is opened again. Default 2s.
 	ListenRetry time.Duration
+	// Listener, when set, wakes the store's relays through a LISTEN connection shared with the
+	// stores of other schemas of the same database (pgxstore.NewListener) instead of one of their
+	// own. Default nil. Setting it with ListenURL is an error.
+	Listener store.SharedListener
 	// WAL writes each event as a logical decoding message in the writer's transaction instead of
 	// an outbox row, for the log relay in WAL mode: see pgxstore.Config.WAL. Default false.
 	WAL bool
@@ -55,7 +60,12 @@ func New(db *sql.DB, cfg Config) (*Store, error) {
 	}
 	pcfg := pg.Config{Schema: cfg.Schema, Driver: "database/sql", DisableNotify: cfg.DisableNotify, ListenRetry: cfg.ListenRetry,
 		WAL: cfg.WAL}
-	if cfg.ListenURL != "" {
+	switch {
+	case cfg.Listener != nil && cfg.ListenURL != "":
+		return nil, errors.New("pgsqlstore: Config.Listener and Config.ListenURL are both set: the relays listen through one or the other; drop one")
+	case cfg.Listener != nil:
+		pcfg.Listener = cfg.Listener
+	case cfg.ListenURL != "":
 		url := cfg.ListenURL
 		pcfg.ListenConnect = func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, url) }
 	}
@@ -78,7 +88,7 @@ func init() {
 
 // open is store.Open for postgres:// URLs: a database/sql handle through the driver
 // OpenOptions.SQLDriver names (pgx's stdlib by default; "postgres" for lib/pq, which the program
-// imports), and a LISTEN connection of its own unless PollOnly.
+// imports), and a LISTEN connection of its own unless PollOnly or a shared Listener.
 func open(ctx context.Context, rawURL string, opts store.OpenOptions) (*store.DB, error) {
 	driver := opts.SQLDriver
 	if driver == "" {
@@ -96,8 +106,8 @@ func open(ctx context.Context, rawURL string, opts store.OpenOptions) (*store.DB
 		return nil, fmt.Errorf("database URL %s: %w", store.RedactURL(rawURL), err)
 	}
 	db.SetMaxOpenConns(opts.MaxConns)
-	cfg := Config{Schema: opts.Schema, DisableNotify: opts.DisableNotify}
-	if !opts.PollOnly {
+	cfg := Config{Schema: opts.Schema, DisableNotify: opts.DisableNotify, Listener: opts.Listener}
+	if !opts.PollOnly && opts.Listener == nil {
 		cfg.ListenURL = rawURL
 	}
 	s, err := New(db, cfg)

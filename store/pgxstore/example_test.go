@@ -72,3 +72,27 @@ func ExampleStore_Transact_wal() {
 		log.Fatal(err)
 	}
 }
+
+// One LISTEN connection for the relays of many schemas of one database: each schema's store is
+// given the same Listener, and a commit in a schema wakes that schema's relay.
+func ExampleNewListener() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://app@db/shop")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	// Named, so that pg_stat_activity shows it: one session, however many schemas.
+	l, err := pgxstore.NewListener("postgres://app@db/shop?application_name=relays-listen", pgxstore.ListenerConfig{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close() // after the relays have stopped
+	for _, schema := range []string{"tenant_1", "tenant_2", "tenant_3"} {
+		st, err := pgxstore.New(pool, pgxstore.Config{Schema: schema, Listener: l})
+		if err != nil {
+			log.Fatal(err)
+		}
+		_ = st // a forwarder.Forwarder on st listens through l
+	}
+}

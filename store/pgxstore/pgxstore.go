@@ -4,7 +4,8 @@
 // Rows are claimed in one statement with FOR UPDATE SKIP LOCKED and held by the pass's
 // transaction; a message's deliveries are serialized by a session advisory lock; writers wake
 // relays with pg_notify in the same INSERT as the row, delivered at commit, and a relay listens on
-// a connection of its own (Config.PollOnly turns that off for PgBouncer in transaction mode).
+// a connection of its own (Config.PollOnly turns that off for PgBouncer in transaction mode), or on
+// a Listener that the stores of many schemas of the database share (Config.Listener).
 //
 // Store.Transact runs the application's transaction itself and sends the outbox rows in one
 // pipeline with its COMMIT: the row then costs the transaction no round trip of its own.
@@ -41,6 +42,11 @@ type Config struct {
 	// ListenRetry is the wait before the LISTEN connection is opened again after it failed.
 	// Default 2s.
 	ListenRetry time.Duration
+	// Listener, when set, wakes the store's relays through a LISTEN connection shared with the
+	// stores of other schemas of the same database (NewListener), instead of one of their own;
+	// ListenRetry is then the Listener's (ListenerConfig.Retry). Default nil. Setting it with
+	// PollOnly is an error.
+	Listener *Listener
 	// WAL writes each event as a logical decoding message in the writer's transaction
 	// (pg_logical_emit_message(true, 'outboxkit:<schema>', envelope); with Transact, in the
 	// COMMIT's round trip) instead of an outbox row: no row, no index entry, nothing to delete.
@@ -71,7 +77,12 @@ func New(pool *pgxpool.Pool, cfg Config) (*Store, error) {
 	}
 	pcfg := pg.Config{Schema: cfg.Schema, Driver: "pgx", NativeArrays: true, DisableNotify: cfg.DisableNotify,
 		ListenRetry: cfg.ListenRetry, WAL: cfg.WAL}
-	if !cfg.PollOnly {
+	switch {
+	case cfg.Listener != nil && cfg.PollOnly:
+		return nil, errors.New("pgxstore: Config.Listener and Config.PollOnly are both set: a poll-only store listens to nothing; drop one")
+	case cfg.Listener != nil:
+		pcfg.Listener = cfg.Listener
+	case !cfg.PollOnly:
 		pcfg.ListenConnect = func(ctx context.Context) (*pgx.Conn, error) {
 			c := pool.Config().ConnConfig.Copy()
 			if c.RuntimeParams == nil {

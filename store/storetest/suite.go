@@ -19,6 +19,7 @@ func Run[TTx any](t *testing.T, h Harness[TTx]) {
 		{"Batch", batchTests[TTx]()},
 		{"Idempotency", idempotencyTests[TTx]()},
 		{"Console", consoleTests[TTx]()},
+		{"Fleet", fleetTests[TTx]()},
 	}
 	for _, g := range groups {
 		t.Run(g.name, func(t *testing.T) {

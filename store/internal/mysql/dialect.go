@@ -92,6 +92,16 @@ func New(database string) (*Dialect, error) {
 	return d, nil
 }
 
+// Fleet is the relay fleet's statements' view of MySQL. Its clock is the server's in UTC:
+// UTC_TIMESTAMP(6), read once per statement whatever the session's time zone. MySQL has no
+// RETURNING: what an upsert wrote is read back.
+func (d *Dialect) Fleet() sqlstore.FleetSQL {
+	return sqlstore.FleetSQL{
+		Now: "UTC_TIMESTAMP(6)", Later: "(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)",
+		UpsertMember: d.sql["fleet_heartbeat"], AcquireLease: d.sql["fleet_acquire_lease"], RecordOutboxes: d.sql["fleet_record_outboxes"],
+	}
+}
+
 func (d *Dialect) render(sql string) string {
 	return strings.ReplaceAll(sql, "{{schema}}", "`"+d.database+"`")
 }

@@ -45,6 +45,9 @@ type Config struct {
 	ListenConnect func(ctx context.Context) (*pgx.Conn, error)
 	// ListenRetry is the wait before the LISTEN connection is opened again. Default 2s.
 	ListenRetry time.Duration
+	// Listener, when set, wakes the relays instead of a LISTEN connection of their own
+	// (ListenConnect is then unused): one connection shared with other schemas' stores.
+	Listener store.SharedListener
 	// WAL writes events as logical decoding messages instead of outbox rows (see pgxstore.Config).
 	WAL bool
 }
@@ -56,6 +59,7 @@ type Dialect struct {
 	schema                      Name
 	q                           sqlstore.Queries
 	claim, markFailed           string
+	fleet                       sqlstore.FleetSQL
 	lockCount, lockRead, unlock string
 	// insertOne is the text of the writers' INSERT of one message, what nearly every Publish
 	// sends: built once instead of per call.
@@ -112,6 +116,11 @@ func New(cfg Config) (*Dialect, error) {
 	d.claim, d.markFailed = read("claim.sql"), read("mark_failed.sql")
 	d.lockCount, d.lockRead, d.unlock = read("lock_count_delivery.sql"), read("lock_delivery_count.sql"), read("unlock_message.sql")
 	d.insertOne = insertText(name, 1, !cfg.DisableNotify)
+	d.fleet = sqlstore.FleetSQL{
+		Now: "now()", Later: "now() + %s::bigint * interval '1 microsecond'", Returning: true,
+		UpsertMember: read("fleet_heartbeat.sql"), AcquireLease: read("fleet_acquire_lease.sql"),
+		RecordOutboxes: read("fleet_record_outboxes.sql"),
+	}
 	return d, nil
 }
 
@@ -146,6 +155,11 @@ ON CONFLICT (owner) DO UPDATE SET heartbeat_at = excluded.heartbeat_at, last_pas
     pauses_seen_at = excluded.pauses_seen_at`,
 	}
 }
+
+// Fleet is the relay fleet's statements' view of Postgres. Its clock is the server's: now(), the
+// start of the statement's transaction, which every fleet statement runs alone in (but
+// LeaveFleet's two, which share it).
+func (d *Dialect) Fleet() sqlstore.FleetSQL { return d.fleet }
 
 func (d *Dialect) Int64s(v []int64) any {
 	if v == nil {
@@ -413,6 +427,9 @@ func (d *Dialect) LockMessage(ctx context.Context, db dbexec.DB, consumer, messa
 }
 
 func (d *Dialect) Waker() store.Waker {
+	if d.cfg.Listener != nil {
+		return d.cfg.Listener.WakerFor(string(d.schema))
+	}
 	if d.cfg.ListenConnect == nil {
 		return nil
 	}

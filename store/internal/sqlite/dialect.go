@@ -78,6 +78,20 @@ func New(name, wakeKey string) *Dialect {
 	return d
 }
 
+// fleetNow is SQLite's clock, in TimeLayout: SQLite has no server, so it is the host's clock as
+// the process running the statement reads it ('now' is the same at every use within a statement),
+// to the millisecond. Members sharing a SQLite file share its host, and so its clock.
+const fleetNow = "strftime('%Y-%m-%dT%H:%M:%f000Z', 'now')"
+
+// Fleet is the relay fleet's statements' view of SQLite.
+func (d *Dialect) Fleet() sqlstore.FleetSQL {
+	return sqlstore.FleetSQL{
+		Now: fleetNow, Later: "strftime('%%Y-%%m-%%dT%%H:%%M:%%f000Z', 'now', (%s / 1000000.0) || ' seconds')", Returning: true,
+		RowValues:    "VALUES ",
+		UpsertMember: d.sql["fleet_heartbeat"], AcquireLease: d.sql["fleet_acquire_lease"], RecordOutboxes: d.sql["fleet_record_outboxes"],
+	}
+}
+
 func render(sql string) string { return strings.ReplaceAll(sql, "{{schema}}", "main") }
 
 func (d *Dialect) Info() store.Info { return store.Info{Name: "sqlite", Schema: d.name} }

@@ -47,6 +47,9 @@ type Dialect interface {
 	SchemaVersion(ctx context.Context, db dbexec.DB) (current, newest int, err error)
 	// Console is what the console's statements (written once, in sqlstore) need of the dialect.
 	Console() ConsoleSQL
+	// Fleet is what a relay fleet's statements (written in sqlstore, but for three upserts) need
+	// of the dialect.
+	Fleet() FleetSQL
 	// Classify translates a driver error once, at the seam: unreachable → outboxkit.Unreachable,
 	// a duplicate outbox UUID → store.ErrDuplicateUUID, a finished or aborted transaction, missing
 	// tables → store.ErrNotMigrated; others unchanged.
