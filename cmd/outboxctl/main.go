@@ -41,6 +41,10 @@ Commands:
                                 the operator console in a browser: what is stuck, failure groups, replay and archive
                                 as jobs, pauses, audit. Sign-in tokens from OUTBOXKIT_CONSOLE_TOKENS
                                 (name:role:secret,…); without any, it serves this machine only
+  fleet status --fleet NAME [--json] [--check]
+                                a relay fleet from its coordination database (--db): the outboxes without an owner
+                                first, each member's heartbeat, each outbox's owner, token and backlog; --check exits 1
+                                naming the enabled outboxes with no owner or a stale one
 
 Global flags:
   --db URL        database URL (env OUTBOXKIT_DATABASE_URL): postgres://user@host:5432/db,
@@ -113,6 +117,8 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return env.prune(ctx, sub)
 	case "console":
 		return env.consoleCmd(ctx, sub)
+	case "fleet":
+		return env.fleetCmd(ctx, sub)
 	case "outbox", "inbox":
 		if len(sub) < 2 || sub[0] != "dead" {
 			return usagef("%s takes: dead list|show|replay", cmd)
