@@ -1,7 +1,8 @@
 // Package prom exports outboxkit's metrics to Prometheus: the forwarder's
 // (NewForwarderMetrics, for forwarder.Config.Metrics), each consumer's (NewConsumerMetrics, for
 // middleware.StackConfig.Metrics), the backlog brokers hold for consumer groups
-// (NewLagCollector), and a relay fleet as its coordination database tells it (NewFleetMetrics).
+// (NewLagCollector), a relay fleet as its coordination database tells it (NewFleetMetrics), and what
+// one member of a fleet does with its leases and forwarders (NewMemberMetrics).
 // The forwarder and the middleware import no metrics library; a program that wants these imports
 // this package.
 //
