@@ -122,10 +122,11 @@ func TestRelayUntilSIGTERM(t *testing.T) {
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	waited := false
 	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
+		if !waited {
 			_ = cmd.Process.Kill()
-			<-exited
+			t.Logf("killed after the test failed: %v", <-exited)
 		}
 	})
 
@@ -179,6 +180,7 @@ func TestRelayUntilSIGTERM(t *testing.T) {
 	}
 	select {
 	case err := <-exited:
+		waited = true
 		if err != nil {
 			t.Fatalf("after SIGTERM: %v\n%s", err, stderr.String())
 		}
