@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"sort"
 	"testing"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,6 +17,7 @@ import (
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/prom"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 type nopPublisher struct{}
@@ -68,6 +70,23 @@ func TestAlertsReadMetricsThatExist(t *testing.T) {
 	// The log relay's slot, as a relay reports it (forwarder/pglog's tests read a real one).
 	reg.MustRegister(prom.NewSlotCollector(slotSource{forwarder.SlotStatus{Relay: "default", Slot: "outboxkit_default",
 		Mode: "table", Exists: true, Active: true, WALStatus: "reserved", SafeWALBytes: -1}}))
+	// A fleet's view, read from its coordination database (here the same Postgres schema).
+	fc, ok := store.FleetControlOf(pg.Store)
+	if !ok {
+		t.Fatal("the Postgres store keeps no fleet")
+	}
+	fleetName := testenv.UniqueName(t, "fleet")
+	if _, err := fc.FleetHeartbeat(context.Background(), fleetName, store.FleetMember{Name: "relay-a"}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := fc.RecordFleetOutboxes(context.Background(), fleetName, "relay-a", []store.FleetOutbox{{Name: "orders"}}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	fleetMetrics, err := prom.NewFleetMetrics(fc, fleetName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg.MustRegister(fleetMetrics)
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

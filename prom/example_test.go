@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +16,7 @@ import (
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/prom"
+	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/sqlitestore"
 )
 
@@ -60,3 +62,52 @@ type nopPublisher struct{}
 
 func (nopPublisher) Publish(string, ...*message.Message) error { return nil }
 func (nopPublisher) Close() error                              { return nil }
+
+// A fleet's view, exported by any process that reaches its coordination database: here one
+// member holds one outbox of two. In a member or a sidecar, register it in the registry that
+// serves /metrics.
+func ExampleNewFleetMetrics() {
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	coord, err := store.Open(ctx, "sqlite://"+filepath.Join(dir, "coordination.db"), store.OpenOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer coord.Close()
+	if _, err := pipeline.Migrate(ctx, coord); err != nil {
+		log.Fatal(err)
+	}
+	fc, _ := store.FleetControlOf(coord)
+	// What the fleet's members write (fleet.Member does it): a heartbeat, a lease, the catalog.
+	_, _ = fc.FleetHeartbeat(ctx, "shop", store.FleetMember{Name: "relay-a"}, time.Minute)
+	_, _, _ = fc.AcquireLease(ctx, "shop", "acme", "relay-a", time.Minute)
+	_ = fc.RecordFleetOutboxes(ctx, "shop", "relay-a", []store.FleetOutbox{{Name: "acme", Tenant: "acme"}, {Name: "globex", Tenant: "globex"}}, time.Hour)
+
+	metrics, err := prom.NewFleetMetrics(fc, "shop")
+	if err != nil {
+		log.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics)
+	families, err := reg.Gather()
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, f := range families {
+		switch f.GetName() {
+		case "outboxkit_fleet_members", "outboxkit_fleet_outbox_owned":
+			for _, m := range f.GetMetric() {
+				labels := []string{}
+				for _, l := range m.GetLabel() {
+					labels = append(labels, l.GetName()+"="+l.GetValue())
+				}
+				fmt.Println(f.GetName(), labels, m.GetGauge().GetValue())
+			}
+		}
+	}
+	// Output:
+	// outboxkit_fleet_members [fleet=shop] 1
+	// outboxkit_fleet_outbox_owned [fleet=shop outbox=acme owner=relay-a tenant=acme] 1
+	// outboxkit_fleet_outbox_owned [fleet=shop outbox=globex owner= tenant=globex] 0
+}

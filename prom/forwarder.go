@@ -26,6 +26,8 @@ import (
 //	                                                      the outbox's backlog, read from the store at scrape time
 type ForwarderMetrics struct {
 	reg prometheus.Registerer
+	// noBacklog leaves out the outbox_* series, for a fleet's forwarders (MemberMetrics).
+	noBacklog bool
 
 	mu       sync.Mutex
 	attached bool
@@ -93,8 +95,10 @@ func (m *ForwarderMetrics) Attach(f *forwarder.Forwarder) error {
 	register(m.reg, &m.circuit, &err)
 	register(m.reg, &m.lastPass, &err)
 	register(m.reg, &m.lastPublish, &err)
-	var backlog prometheus.Collector = &backlogCollector{f: f, labels: prometheus.Labels{"schema": schema}}
-	register(m.reg, &backlog, &err)
+	if !m.noBacklog {
+		var backlog prometheus.Collector = &backlogCollector{f: f, labels: prometheus.Labels{"schema": schema}}
+		register(m.reg, &backlog, &err)
+	}
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,6 @@
 // Command outboxctl operates an outboxkit database — Postgres, MySQL/MariaDB or SQLite:
 // migrations, backlog status, dead letters on both sides (the outbox's and each consumer's), replay,
-// pruning, and the operator console in a browser.
+// pruning, the operator console in a browser, and a relay fleet: its status, and a member of it.
 //
 //	outboxctl [--db URL] [--schema NAME] COMMAND [flags]
 //
@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"syscall"
 
 	"github.com/outboxkit/outboxkit/store"
 )
@@ -41,6 +42,15 @@ Commands:
                                 the operator console in a browser: what is stuck, failure groups, replay and archive
                                 as jobs, pauses, audit. Sign-in tokens from OUTBOXKIT_CONSOLE_TOKENS
                                 (name:role:secret,…); without any, it serves this machine only
+  fleet status --fleet NAME [--json] [--check]
+                                a relay fleet from its coordination database (--db): the outboxes without an owner
+                                first, each member's heartbeat, each outbox's owner, token and backlog; --check exits 1
+                                naming the enabled outboxes with no owner or a stale one
+  relay --fleet NAME --coordination URL --broker URL (--tenants FILE | --tenants-db URL --tenants-query SQL)
+        [--addr :9090] [--lease-ttl 10s] [--member NAME]
+                                one member of a relay fleet: relays the outboxes of the catalog it is given among the
+                                fleet's live members, serves /metrics, /healthz and /readyz with --addr; SIGTERM or
+                                SIGINT stops it, its leases released, exit 0
 
 Global flags:
   --db URL        database URL (env OUTBOXKIT_DATABASE_URL): postgres://user@host:5432/db,
@@ -59,7 +69,7 @@ func (e *usageError) Error() string { return e.msg }
 func usagef(format string, a ...any) error { return &usageError{fmt.Sprintf(format, a...)} }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -113,6 +123,10 @@ func dispatch(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return env.prune(ctx, sub)
 	case "console":
 		return env.consoleCmd(ctx, sub)
+	case "fleet":
+		return env.fleetCmd(ctx, sub)
+	case "relay":
+		return env.relayCmd(ctx, sub)
 	case "outbox", "inbox":
 		if len(sub) < 2 || sub[0] != "dead" {
 			return usagef("%s takes: dead list|show|replay", cmd)
