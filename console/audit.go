@@ -21,6 +21,10 @@ func auditEntryFor(r *http.Request, prefix string) store.AuditEntry {
 // audit records an action; a failure to record it is logged, never hidden.
 func (h *Handler) audit(r *http.Request, id Identity, e store.AuditEntry, result string, ok bool) {
 	e.At, e.Actor, e.Role, e.Result, e.OK = h.cfg.Now(), id.Name, id.Role.String(), result, ok
+	if h.con == nil { // a fleet's own pages: no database of a tenant to record it in
+		h.cfg.Logger.Info("Console action", map[string]any{"actor": id.Name, "action": e.Action, "result": result})
+		return
+	}
 	if err := h.con.Audit(r.Context(), e); err != nil {
 		h.cfg.Logger.Error("Cannot record an action in the console's audit", err, map[string]any{"actor": id.Name, "action": e.Action})
 	}

@@ -178,7 +178,14 @@ func (h *Handler) sign(parts ...string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-func (h *Handler) cookiePath() string { return h.cfg.Prefix + "/" }
+// cookiePath is where the console's cookies apply: its prefix, or its fleet's, so that one
+// sign-in serves the fleet page and every tenant's console.
+func (h *Handler) cookiePath() string {
+	if h.cookieRoot != "" {
+		return h.cookieRoot
+	}
+	return h.cfg.Prefix + "/"
+}
 
 // fingerprint names a token without revealing it: a session ends when its token leaves the config.
 func (h *Handler) fingerprint(secret string) string { return h.sign("token", secret)[:16] }
@@ -260,8 +267,12 @@ func (h *Handler) tokenIdentity(secret string) (Identity, bool) {
 }
 
 // identity says who makes r: the team's hook, a bearer token, basic auth, the session cookie,
-// or, with LocalOnly, the person at this machine.
+// or, with LocalOnly, the person at this machine; on a tenant's console, whom its fleet's handler
+// authenticated.
 func (h *Handler) identity(r *http.Request) (Identity, bool) {
+	if id, ok := r.Context().Value(identityKey{}).(Identity); ok && h.tenant != nil {
+		return id, true // authenticated by the fleet's handler, which serves this one
+	}
 	a := h.cfg.Auth
 	if a.Authenticate != nil {
 		if id, err := a.Authenticate(r); err == nil && id.Name != "" && id.Role != 0 {

@@ -148,6 +148,15 @@ type Handler struct {
 
 	cache *cache
 
+	// A console of a fleet (NewFleet): fleet is set on the fleet's own handler, which serves the
+	// fleet page and each tenant's console; tenant on each tenant's console. cookieRoot is the
+	// path of the cookies one sign-in shares across the fleet's pages, assetRoot where the
+	// stylesheet and script are served; both default to Prefix.
+	fleet      *fleetConsole
+	tenant     *tenantLink
+	cookieRoot string
+	assetRoot  string
+
 	mu      sync.Mutex
 	started bool
 	stop    context.CancelFunc
@@ -162,6 +171,17 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("console config: %w", err)
 	}
+	h, err := newHandler(cfg, con)
+	if err != nil {
+		return nil, err
+	}
+	h.routes()
+	return h, nil
+}
+
+// newHandler builds what every handler has — assets, templates, keys — on con, which is nil for
+// a fleet's own handler; the caller adds the routes.
+func newHandler(cfg Config, con store.Console) (*Handler, error) {
 	h := &Handler{cfg: cfg, db: cfg.Store, con: con, mux: http.NewServeMux(), pages: map[string]*template.Template{},
 		files: map[string]staticFile{}, cop: http.NewCrossOriginProtection(), key: cfg.Auth.SessionKey, wake: make(chan struct{}, 1)}
 	if len(h.key) == 0 {
@@ -176,7 +196,6 @@ func New(cfg Config) (*Handler, error) {
 	if err := h.loadAssets(); err != nil {
 		return nil, err
 	}
-	h.routes()
 	return h, nil
 }
 
@@ -231,6 +250,12 @@ func (c Config) validate() (store.Console, error) {
 	} else {
 		errs = append(errs, fmt.Errorf("field Store: %T does not implement store.Console (every driver of this module does)", c.Store))
 	}
+	return con, errors.Join(append(errs, c.validateOptions())...)
+}
+
+// validateOptions checks every field but Store.
+func (c Config) validateOptions() error {
+	var errs []error
 	if c.Prefix != "" && (!strings.HasPrefix(c.Prefix, "/") || strings.ContainsAny(c.Prefix, "?#{} ")) {
 		errs = append(errs, fmt.Errorf("field Prefix %q must be a path starting with / (e.g. /console)", c.Prefix))
 	}
@@ -246,12 +271,16 @@ func (c Config) validate() (store.Console, error) {
 	if c.ScanLimit < c.PageSize || c.CountCap < 1 || c.BacklogHeadRows < 1 || c.CacheTTL < 0 || c.JobLease < time.Second {
 		errs = append(errs, errors.New("fields ScanLimit (at least PageSize), CountCap, BacklogHeadRows (positive), CacheTTL and JobLease (at least 1s) are out of range"))
 	}
-	return con, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // Start starts the job runner (unless DisableJobs) and the regrouping of letters stored before the
-// console's migration. It returns at once; calling it again does nothing. Stop ends them.
+// console's migration. It returns at once; calling it again does nothing. Stop ends them. On a
+// fleet's console (NewFleet) it starts each tenant's console as it is opened.
 func (h *Handler) Start(ctx context.Context) error {
+	if h.fleet != nil {
+		return h.fleet.start(ctx)
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.started {
@@ -269,8 +298,12 @@ func (h *Handler) Start(ctx context.Context) error {
 
 // Stop stops what Start started and waits for it: no goroutine of the handler outlives it. A job
 // in progress keeps its state; its lease runs out and any console resumes it. Calling Stop before
-// Start, or twice, is fine.
+// Start, or twice, is fine. On a fleet's console it stops every tenant's console and closes their
+// stores, and the tenants' pages are refused from then on.
 func (h *Handler) Stop(ctx context.Context) error {
+	if h.fleet != nil {
+		return h.fleet.stop(ctx)
+	}
 	h.mu.Lock()
 	stop, done := h.stop, h.done
 	h.stop = nil

@@ -35,7 +35,7 @@ func (h *Handler) loadAssets() error {
 			h.js = hashed
 		}
 	}
-	for _, page := range []string{"overview", "letters", "letter", "preview", "job", "jobs", "audit", "login", "message"} {
+	for _, page := range []string{"overview", "letters", "letter", "preview", "job", "jobs", "audit", "login", "message", "fleet"} {
 		t, err := template.New(page).Funcs(funcs).ParseFS(assets, "templates/layout.tmpl", "templates/groups.tmpl", "templates/"+page+".tmpl")
 		if err != nil {
 			return fmt.Errorf("parse %s: %w", page, err)
@@ -53,20 +53,28 @@ type flash struct {
 // pageData is what every page's layout reads.
 type pageData struct {
 	P, Title, Nav, Env, Store, Clock, CSRF, CSS, JS, Kind string
-	Who                                                   *Identity
-	CanAct                                                bool
-	Flash                                                 *flash
-	Rates                                                 []int
-	Live                                                  int // seconds between refreshes of the live region; 0: none
-	Data                                                  any
+	// A is where the stylesheet and the script are served: P, or a fleet's console's prefix.
+	A string
+	// Fleet is set on every page of a fleet's console (NewFleet).
+	Fleet  *fleetBar
+	Who    *Identity
+	CanAct bool
+	Flash  *flash
+	Rates  []int
+	Live   int // seconds between refreshes of the live region; 0: none
+	Data   any
 }
 
 func (h *Handler) render(w http.ResponseWriter, r *http.Request, page, title, nav string, id Identity, data any, fl *flash) {
-	info := h.db.Info()
-	pd := pageData{P: h.cfg.Prefix, Title: title, Nav: nav, Env: h.cfg.Environment, CSS: h.css, JS: h.js,
-		Store: fmt.Sprintf("%s · %s · schema version %d", info.Name, info.Schema, h.cache.schemaVersion()),
-		Clock: h.cfg.Now().UTC().Format("Mon 2 Jan 15:04:05 UTC"), CSRF: h.csrfToken(w, r), Data: data, Flash: fl,
-		CanAct: id.Role >= Operator, Rates: h.rates(), Live: map[string]int{"overview": 10, "job": 1, "jobs": 5}[page]}
+	pd := pageData{P: h.cfg.Prefix, A: h.assetPrefix(), Title: title, Nav: nav, Env: h.cfg.Environment, CSS: h.css, JS: h.js,
+		Store: h.storeLine(), Clock: h.cfg.Now().UTC().Format("Mon 2 Jan 15:04:05 UTC"), CSRF: h.csrfToken(w, r), Data: data, Flash: fl,
+		CanAct: id.Role >= Operator, Rates: h.rates(), Live: map[string]int{"overview": 10, "job": 1, "jobs": 5, "fleet": 5}[page]}
+	switch {
+	case h.fleet != nil:
+		pd.Fleet = h.fleet.bar(nil, nav)
+	case h.tenant != nil:
+		pd.Fleet = h.tenant.f.bar(&h.tenant.outbox, nav)
+	}
 	if id.Name != "" {
 		pd.Who = &id
 	}
@@ -99,13 +107,32 @@ func (h *Handler) render(w http.ResponseWriter, r *http.Request, page, title, na
 	_, _ = buf.WriteTo(w)
 }
 
+// storeLine names the database the page is about, for the bar under the top one.
+func (h *Handler) storeLine() string {
+	if h.fleet != nil {
+		info := h.fleet.cfg.Coordination.Info()
+		return fmt.Sprintf("fleet %s · coordination database %s · %s", h.fleet.cfg.Fleet, info.Name, info.Schema)
+	}
+	info := h.db.Info()
+	return fmt.Sprintf("%s · %s · schema version %d", info.Name, info.Schema, h.cache.schemaVersion())
+}
+
+// assetPrefix is where the stylesheet and the script are served: a tenant's console uses its
+// fleet's, so that the browser keeps one copy for every tenant.
+func (h *Handler) assetPrefix() string {
+	if h.tenant != nil {
+		return h.assetRoot
+	}
+	return h.cfg.Prefix
+}
+
 // refuse answers with a page that says, in one sentence, what happened and what to do.
 func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, status int, msg string) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)
 	fmt.Fprintf(w, `<!doctype html><html lang="en"><meta charset="utf-8"><title>outboxkit console</title><link rel="stylesheet" href="%s/static/%s"><main><div class="flash bad" id="refused" role="alert">%s</div><a class="btn" href="%s/">Back to the console</a></main></html>`,
-		h.cfg.Prefix, h.css, template.HTMLEscapeString(msg), h.cfg.Prefix)
+		h.assetPrefix(), h.css, template.HTMLEscapeString(msg), h.cfg.Prefix)
 }
 
 func (h *Handler) serveStatic(w http.ResponseWriter, r *http.Request) {

@@ -52,7 +52,8 @@ func (h *Handler) migrated(next page) page {
 	}
 }
 
-type notice struct{ Title, Text string }
+// notice is the message page: a title, a sentence, and where to go from there when Link is set.
+type notice struct{ Title, Text, Link, LinkText string }
 
 func (h *Handler) healthz(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
