@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outboxkit/console"
+	"github.com/outboxkit/outboxkit/fleet"
 	"github.com/outboxkit/outboxkit/pipeline"
 	"github.com/outboxkit/outboxkit/store"
 	_ "github.com/outboxkit/outboxkit/store/sqlitestore" // registers sqlite://; import your database's driver
@@ -61,6 +62,75 @@ func ExampleNew() {
 	mux.ServeHTTP(w, r)
 	fmt.Println(w.Code, w.Header().Get("Content-Type"))
 	// Output: 200 text/html; charset=utf-8
+}
+
+// The console of a relay fleet: the fleet's page at /console/ — its members, and who relays each
+// outbox, those without an owner first — and each tenant's console under /console/t/{tenant}/,
+// opened from the catalog on first use. Here every database is a SQLite file; in production the
+// coordination database and the tenants' are Postgres or MySQL (a schema per tenant, opened with
+// fleetstores.Opener()), and the catalog is fleet.TableCatalog over the application's table.
+func ExampleNewFleet() {
+	dir, _ := os.MkdirTemp("", "console-example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	coord, err := store.Open(ctx, "sqlite://"+filepath.Join(dir, "coordination.db"), store.OpenOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer coord.Close()
+	if _, err := pipeline.Migrate(ctx, coord); err != nil {
+		log.Fatal(err)
+	}
+	var catalog fleet.Outboxes // as the fleet's members are given it
+	for _, tenant := range []string{"acme", "globex"} {
+		url := "sqlite://" + filepath.Join(dir, tenant+".db")
+		db, err := store.Open(ctx, url, store.OpenOptions{})
+		if err != nil {
+			log.Fatal(err)
+		}
+		if _, err := pipeline.Migrate(ctx, db); err != nil {
+			log.Fatal(err)
+		}
+		db.Close()
+		catalog = append(catalog, fleet.Outbox{Name: tenant, URL: url})
+	}
+	tokens, err := console.ParseTokens("alice:operator:a-long-random-secret-1")
+	if err != nil {
+		log.Fatal(err)
+	}
+	h, err := console.NewFleet(console.FleetConfig{
+		Coordination: coord,
+		Fleet:        "orders-relays",
+		Catalog:      catalog,
+		Prefix:       "/console",
+		Auth:         console.Auth{Tokens: tokens},        // one sign-in for the fleet and every tenant
+		Console:      console.Config{Environment: "test"}, // what each tenant's console is given
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := h.Start(ctx); err != nil {
+		log.Fatal(err)
+	}
+	defer func() {
+		if err := h.Stop(ctx); err != nil { // stops each tenant's console and closes its store
+			log.Print(err)
+		}
+	}()
+
+	mux := http.NewServeMux()
+	mux.Handle("/console/", h)
+	for _, path := range []string{"/console/", "/console/t/acme/letters", "/console/t/initech/"} {
+		r := httptest.NewRequest("GET", path, nil)
+		r.Header.Set("Authorization", "Bearer a-long-random-secret-1")
+		w := httptest.NewRecorder()
+		mux.ServeHTTP(w, r)
+		fmt.Println(path, w.Code)
+	}
+	// Output:
+	// /console/ 200
+	// /console/t/acme/letters 200
+	// /console/t/initech/ 404
 }
 
 // The console alone, as `outboxctl console` runs it: without credentials it serves this machine
