@@ -10,10 +10,12 @@ import (
 
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/console"
+	"github.com/outboxkit/outboxkit/fleet/fleetstores"
 	"github.com/outboxkit/outboxkit/store"
 )
 
-// consoleCmd runs the operator console alone: `outboxctl console --db URL [--broker URL]`.
+// consoleCmd runs the operator console alone: `outboxctl console --db URL [--broker URL]`; with
+// --fleet NAME and a catalog, the console of a relay fleet whose coordination database is --db.
 func (e *env) consoleCmd(ctx context.Context, args []string) error {
 	fs := e.flags("console")
 	addr := fs.String("addr", "127.0.0.1:8089", "listen address; beyond loopback it needs credentials")
@@ -24,8 +26,22 @@ func (e *env) consoleCmd(ctx context.Context, args []string) error {
 	envName := fs.String("env", os.Getenv("OUTBOXKIT_ENVIRONMENT"), "environment shown in the top bar (production shows red)")
 	hide := fs.Bool("hide-payloads", false, "never show or download payloads (personal data)")
 	noJobs := fs.Bool("no-jobs", false, "do not run jobs here (another console runs them)")
+	fleetName := fs.String("fleet", "", "the console of this relay fleet: --db is its coordination database, and each tenant's console "+
+		"is opened from the catalog (--tenants or --tenants-db)")
+	tenantsFile := fs.String("tenants", "", `with --fleet, the catalog: a JSON array of {"name","url","tenant","schema","relay","disabled"}, `+
+		`or lines "name url [schema] [relay]", as outboxctl relay reads it`)
+	tenantsDB := fs.String("tenants-db", "", "with --fleet, the catalog from a table: URL of the database holding it, read with --tenants-query")
+	tenantsQuery := fs.String("tenants-query", "", "with --tenants-db: a query returning name and url, and any of tenant, schema, relay, enabled")
 	if err := parse(fs, args, e.stdout); err != nil {
 		return err
+	}
+	switch {
+	case *fleetName == "" && (*tenantsFile != "" || *tenantsDB != "" || *tenantsQuery != ""):
+		return usagef("console: --tenants, --tenants-db and --tenants-query go with --fleet NAME: the catalog of that fleet")
+	case *fleetName != "" && (*tenantsFile == "") == (*tenantsDB == ""):
+		return usagef("console: --fleet needs the fleet's catalog, one of --tenants FILE or --tenants-db URL --tenants-query SQL")
+	case (*tenantsDB == "") != (*tenantsQuery == ""):
+		return usagef("console: --tenants-db and --tenants-query go together: the query reads the catalog from that database")
 	}
 	tokens, err := console.TokensFromEnv()
 	if err != nil {
@@ -64,8 +80,23 @@ func (e *env) consoleCmd(ctx context.Context, args []string) error {
 			}
 		}
 	}
-	h, err := console.New(cfg)
-	if err != nil {
+	what := fmt.Sprintf("%s %s", db.Info().Name, db.Info().Schema)
+	var h *console.Handler
+	if *fleetName != "" {
+		catalog, closeCatalog, err := e.openCatalog(ctx, *tenantsFile, *tenantsDB, *tenantsQuery)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = closeCatalog() }()
+		tenants := cfg
+		tenants.Store, tenants.Prefix, tenants.Auth = nil, "", console.Auth{}
+		h, err = console.NewFleet(console.FleetConfig{Coordination: db, Fleet: *fleetName, Catalog: catalog, Prefix: *prefix, Auth: auth,
+			Open: fleetstores.Opener(fleetstores.PollOnly(), fleetstores.MaxConns(4)), Console: tenants})
+		if err != nil {
+			return &usageError{err.Error()}
+		}
+		what = fmt.Sprintf("fleet %s (coordination database %s)", *fleetName, what)
+	} else if h, err = console.New(cfg); err != nil {
 		return err
 	}
 	err = console.ListenAndServe(ctx, *addr, h, func(a string) {
@@ -73,7 +104,7 @@ func (e *env) consoleCmd(ctx context.Context, args []string) error {
 		if auth.LocalOnly {
 			who = "from this machine only, as an operator (set OUTBOXKIT_CONSOLE_TOKENS to let others in)"
 		}
-		fmt.Fprintf(e.stdout, "outboxkit console for %s %s on http://%s%s/ — %s\n", db.Info().Name, db.Info().Schema, a, *prefix, who)
+		fmt.Fprintf(e.stdout, "outboxkit console for %s on http://%s%s/ — %s\n", what, a, *prefix, who)
 	})
 	if errors.Is(err, console.ErrNoAuthOnNetwork) {
 		return &usageError{err.Error()}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -100,4 +101,85 @@ func TestConsoleServesThisMachine(t *testing.T) {
 		t.Fatal("the console did not stop within 15s of its context")
 	}
 	_ = store.SideOutbox
+}
+
+// With --fleet, the console serves the fleet's page from the coordination database (--db) and
+// each tenant's console from the catalog (--tenants, read as outboxctl relay reads it).
+func TestConsoleServesAFleet(t *testing.T) {
+	coordURL, fc := openFleet(t)
+	acme, globex := migratedSQLite(t), migratedSQLite(t)
+	tenants := filepath.Join(t.TempDir(), "tenants.txt")
+	if err := os.WriteFile(tenants, []byte("# the shop's tenants\nacme "+acme+"\nglobex "+globex+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx0 := context.Background()
+	if _, err := fc.FleetHeartbeat(ctx0, "shop", store.FleetMember{Name: "relay-a", Host: "host-a"}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, err := fc.AcquireLease(ctx0, "shop", "acme", "relay-a", time.Hour); err != nil || !ok {
+		t.Fatalf("acquire: %v %v", ok, err)
+	}
+	t.Setenv("OUTBOXKIT_CONSOLE_TOKENS", "")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--db", coordURL, "console", "--tenants", tenants}, "go with --fleet NAME"},
+		{[]string{"--db", coordURL, "console", "--fleet", "shop"}, "--fleet needs the fleet's catalog"},
+		{[]string{"--db", coordURL, "console", "--fleet", "shop", "--tenants", tenants, "--tenants-db", acme, "--tenants-query", "SELECT 1"},
+			"--fleet needs the fleet's catalog"},
+		{[]string{"--db", coordURL, "console", "--fleet", "shop", "--tenants-db", acme}, "go together"},
+	} {
+		if code, _, stderr := ctl(t, c.args...); code != 2 || !strings.Contains(stderr, c.want) {
+			t.Errorf("%v: exit %d, %q, want %q", c.args[2:], code, stderr, c.want)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(ctx0)
+	var out syncBuffer
+	done := make(chan int, 1)
+	go func() {
+		done <- run(ctx, []string{"--db", coordURL, "console", "--fleet", "shop", "--tenants", tenants, "--addr", "127.0.0.1:0"}, &out, io.Discard)
+	}()
+	addr := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+)/`)
+	var base string
+	if !testenv.Within(10*time.Second, func() bool {
+		if m := addr.FindStringSubmatch(out.String()); m != nil {
+			base = m[1]
+		}
+		return base != ""
+	}) {
+		t.Fatalf("the console did not say where it listens: %q", out.String())
+	}
+	if !strings.Contains(out.String(), "for fleet shop (coordination database sqlite") {
+		t.Errorf("the banner does not name the fleet: %q", out.String())
+	}
+	for path, want := range map[string]string{"/": `data-outbox="globex"`, "/t/acme/": "All clear", "/t/globex/letters": "Dead letters", "/healthz": "ok"} {
+		resp, err := http.Get(base + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(body), want) {
+			t.Errorf("%s: %d, no %q in %.300s", path, resp.StatusCode, want, body)
+		}
+	}
+	resp, err := http.Get(base + "/t/initech/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("an unknown tenant: %d", resp.StatusCode)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("exit %d", code)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the console did not stop within 15s of its context")
+	}
 }

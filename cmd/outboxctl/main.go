@@ -41,7 +41,10 @@ Commands:
   console [--addr 127.0.0.1:8089] [--broker URL] [--prefix /console] [--basic-auth-file FILE] [--hide-payloads]
                                 the operator console in a browser: what is stuck, failure groups, replay and archive
                                 as jobs, pauses, audit. Sign-in tokens from OUTBOXKIT_CONSOLE_TOKENS
-                                (name:role:secret,…); without any, it serves this machine only
+                                (name:role:secret,…); without any, it serves this machine only.
+                                With --fleet NAME (--tenants FILE | --tenants-db URL --tenants-query SQL), the console
+                                of a relay fleet whose coordination database is --db: its members and outboxes, those
+                                without an owner first, and each tenant's console under /t/TENANT/
   fleet status --fleet NAME [--json] [--check]
                                 a relay fleet from its coordination database (--db): the outboxes without an owner
                                 first, each member's heartbeat, each outbox's owner, token and backlog; --check exits 1

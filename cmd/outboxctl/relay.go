@@ -70,20 +70,12 @@ func (e *env) relayCmd(ctx context.Context, args []string) error {
 			_ = closers[i]()
 		}
 	}()
-	if *tenantsFile != "" {
-		outboxes, err := readTenants(*tenantsFile)
-		if err != nil {
-			return &usageError{err.Error()}
-		}
-		cfg.Catalog = outboxes
-	} else {
-		db, err := openExisting(ctx, *tenantsDB, e.schema)
-		if err != nil {
-			return fmt.Errorf("open the catalog's database (--tenants-db): %w", err)
-		}
-		closers = append(closers, db.Close)
-		cfg.Catalog = fleet.TableCatalog(db.SQL, *tenantsQuery)
+	catalog, closeCatalog, err := e.openCatalog(ctx, *tenantsFile, *tenantsDB, *tenantsQuery)
+	if err != nil {
+		return err
 	}
+	closers = append(closers, closeCatalog)
+	cfg.Catalog = catalog
 	coord, err := openExisting(ctx, *coordination, e.schema)
 	if err != nil {
 		return fmt.Errorf("open the coordination database: %w", err)
@@ -136,6 +128,23 @@ func (e *env) relayCmd(ctx context.Context, args []string) error {
 		fmt.Fprintf(e.stdout, "outboxctl relay: member %s left fleet %s, its leases released\n", m.Name(), *fleetName)
 	}
 	return err
+}
+
+// openCatalog is the catalog of --tenants FILE (read now), or of --tenants-db URL with
+// --tenants-query SQL (read at each use); closeCatalog closes its database.
+func (e *env) openCatalog(ctx context.Context, tenantsFile, tenantsDB, tenantsQuery string) (c fleet.Catalog, closeCatalog func() error, err error) {
+	if tenantsFile != "" {
+		outboxes, err := readTenants(tenantsFile)
+		if err != nil {
+			return nil, nil, &usageError{err.Error()}
+		}
+		return outboxes, func() error { return nil }, nil
+	}
+	db, err := openExisting(ctx, tenantsDB, e.schema)
+	if err != nil {
+		return nil, nil, fmt.Errorf("open the catalog's database (--tenants-db): %w", err)
+	}
+	return fleet.TableCatalog(db.SQL, tenantsQuery), db.Close, nil
 }
 
 // openExisting opens a store by URL that must exist already (a SQLite file is not created).
