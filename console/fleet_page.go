@@ -46,7 +46,7 @@ type fleetMember struct {
 // fleetRow is one outbox on the fleet page.
 type fleetRow struct {
 	fleet.OutboxStatus
-	// State is "unowned", "stale", "owned" or "disabled".
+	// State is "unowned", "stale", "failing", "owned" or "disabled".
 	State string
 	// Link is its tenant's console, "" when the catalog does not list it.
 	Link string
@@ -55,9 +55,9 @@ type fleetRow struct {
 	Unrecorded bool
 }
 
-// rowOrder puts first what needs an operator: no owner, then a stale owner, then the owned, then
-// the disabled.
-var rowOrder = map[string]int{"unowned": 0, "stale": 1, "owned": 2, "disabled": 3}
+// rowOrder puts first what needs an operator: no owner, then a stale owner, then an owner that
+// cannot open or read it, then the owned, then the disabled.
+var rowOrder = map[string]int{"unowned": 0, "stale": 1, "failing": 2, "owned": 3, "disabled": 4}
 
 func rowState(o fleet.OutboxStatus) string {
 	switch {
@@ -67,6 +67,8 @@ func rowState(o fleet.OutboxStatus) string {
 		return "stale"
 	case o.Disabled:
 		return "disabled"
+	case o.Error != "":
+		return "failing"
 	}
 	return "owned"
 }
