@@ -13,6 +13,10 @@
 // resumable by any console); pause and resume a topic or a relay (relays honour it within a
 // pass). Nothing is ever deleted by an action.
 //
+// A relay fleet (package fleet) has a console of its own, NewFleet: a page for the fleet — its
+// members, and its outboxes, those without an owner first — and under it, for each tenant of the
+// fleet's catalog, every page above on that tenant's store, behind one sign-in.
+//
 // Reads are bounded: lists are keyset-paged, a filter no index serves reads a bounded number of
 // letters and says so, counts are capped, and the heavy figures are cached, so a page costs the
 // same at a million letters as at ten.
