@@ -50,15 +50,34 @@ func (h *Handler) runJobs(ctx context.Context) {
 }
 
 // runInline runs a small job (selected letters) in the request that created it, without pacing.
-func (h *Handler) runInline(ctx context.Context, j store.Job) (store.Job, error) {
-	j, ok, err := h.con.TakeJob(ctx, j.ID, h.owner, h.cfg.Now(), h.cfg.JobLease)
+// A job runner (this console's own, or another's) may claim the job between its creation and
+// this call: then the request waits for that runner to end it, and answers with how it ended.
+func (h *Handler) runInline(ctx context.Context, created store.Job) (store.Job, error) {
+	j, ok, err := h.con.TakeJob(ctx, created.ID, h.owner, h.cfg.Now(), h.cfg.JobLease)
 	if err != nil {
 		return j, err
 	}
-	if !ok {
-		return j, fmt.Errorf("job %d was taken by another console", j.ID)
+	if ok {
+		return h.run(ctx, j, false)
 	}
-	return h.run(ctx, j, false)
+	wait, cancel := context.WithTimeout(ctx, h.cfg.JobLease)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		j, err := h.con.Job(wait, created.ID)
+		if err == nil && !j.Open() {
+			return j, nil
+		}
+		select {
+		case <-wait.Done():
+			if err == nil {
+				err = fmt.Errorf("job %d, taken by another console, has not ended in %s: see the jobs page", created.ID, h.cfg.JobLease)
+			}
+			return j, err
+		case <-tick.C:
+		}
+	}
 }
 
 // run works a claimed job to its end, one batch at a time: each batch renews the lease (and reads
