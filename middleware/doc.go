@@ -17,7 +17,10 @@
 //
 // AddConsumerHandler adds a handler to a Watermill router with that stack in one call, and refuses
 // at once a subscriber that reads for another consumer than the stack's: the broker's group or
-// queue and the inbox's rows carry one consumer name.
+// queue and the inbox's rows carry one consumer name. AddTenantConsumerHandler does the same for a
+// consumer serving many tenants: each message is applied behind a stack on its own tenant's store
+// (outboxkit.Tenant), and one of no tenant, or of a tenant not served, is dead-lettered and applied
+// nowhere.
 //
 // Every middleware reads and writes the database through the store seam (package store), whatever
 // the database and its driver, in the tables pipeline.Migrate created; a handler gets the inbox's

@@ -13,6 +13,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends"
 	_ "github.com/outboxkit/outboxkit/backends/memorybackend" // memory://; import your broker's package
 	"github.com/outboxkit/outboxkit/handlers"
@@ -186,4 +187,105 @@ func ExampleNewBatchConsumer() {
 	cancel()
 	fmt.Println("processed", s.Processed, "run:", <-done)
 	// Output: processed 3 run: <nil>
+}
+
+// A consumer serving many tenants, each in a database of its own: every message is applied in its
+// tenant's database (outboxkit.Tenant, stamped by a relay fleet or the writer), its inbox row and
+// its effect together; a message of a tenant the consumer does not serve is dead-lettered in the
+// service's own database, and applied nowhere.
+func ExampleAddTenantConsumerHandler() {
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	// Where each tenant's database is: the service's configuration, or a catalog of tenants.
+	databases := map[string]string{
+		"acme":   "sqlite://" + filepath.Join(dir, "acme.db"),
+		"globex": "sqlite://" + filepath.Join(dir, "globex.db"),
+	}
+	tenants := middleware.NewTenantOpener(func(_ context.Context, tenant string) (middleware.TenantDatabase, error) {
+		u, ok := databases[tenant]
+		if !ok {
+			return middleware.TenantDatabase{}, middleware.UnknownTenant(tenant)
+		}
+		return middleware.TenantDatabase{URL: u}, nil
+	})
+	defer tenants.Close() // runs once the router has stopped
+
+	// Each tenant's database is migrated when the tenant is set up.
+	for tenant := range databases {
+		st, err := tenants.TenantStore(ctx, tenant)
+		if err != nil {
+			log.Fatal(err)
+		}
+		if _, err := pipeline.Migrate(ctx, st); err != nil {
+			log.Fatal(err)
+		}
+		if _, err := st.(*store.DB).SQL.Exec(`CREATE TABLE shipments (order_id TEXT NOT NULL)`); err != nil {
+			log.Fatal(err)
+		}
+	}
+	// The service's own database keeps what no tenant's may take.
+	own, err := sqlitestore.Open(ctx, filepath.Join(dir, "shipping.db"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer own.DB().Close()
+	if _, err := pipeline.Migrate(ctx, own); err != nil {
+		log.Fatal(err)
+	}
+
+	broker, err := backends.Open(ctx, "memory://", backends.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer broker.Close()
+	sub, _ := broker.NewSubscriber("shipping")
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := middleware.AddTenantConsumerHandler(router, "shipping", "orders", sub, middleware.TenantStackConfig{
+		StackConfig:     middleware.StackConfig{Consumer: "shipping"},
+		Tenants:         tenants,
+		QuarantineStore: own,
+	}, handlers.JSON(func(ctx context.Context, tx *sql.Tx, o OrderPlaced) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO shipments (order_id) VALUES (?)`, o.ID) // in the tenant's database
+		return err
+	})); err != nil {
+		log.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- router.Run(ctx) }()
+	<-router.Running()
+
+	for _, o := range []struct{ tenant, id string }{{"acme", "o-1"}, {"acme", "o-2"}, {"globex", "o-1"}, {"initech", "o-1"}} {
+		msg, _ := pipeline.NewJSONEvent("OrderPlaced", o.id, OrderPlaced{ID: o.id})
+		outboxkit.SetTenant(msg, o.tenant)
+		_ = broker.Publisher.Publish("orders", msg)
+	}
+	for tenant, want := range map[string]int64{"acme": 2, "globex": 1} {
+		st, _ := tenants.TenantStore(ctx, tenant)
+		awaitStats(st, "shipping", func(s middleware.ConsumerStats) bool { return s.Processed == want })
+	}
+	s := awaitStats(own, "shipping", func(s middleware.ConsumerStats) bool { return s.DeadLetters == 1 })
+	cancel()
+	if err := <-done; err != nil {
+		log.Fatal(err)
+	}
+
+	for _, tenant := range []string{"acme", "globex"} {
+		st, _ := tenants.TenantStore(context.Background(), tenant)
+		var shipments int
+		_ = st.(*store.DB).SQL.QueryRow(`SELECT count(*) FROM shipments`).Scan(&shipments)
+		fmt.Printf("shipments of %s: %d\n", tenant, shipments)
+	}
+	letters, _ := own.InboxDeadLetters(context.Background(), store.DeadLetterFilter{Consumer: "shipping"})
+	fmt.Printf("dead letters in the service's database: %d\n%s\n", s.DeadLetters, letters[0].Reason)
+	// Output:
+	// shipments of acme: 2
+	// shipments of globex: 1
+	// dead letters in the service's database: 1
+	// permanent: unknown tenant "initech": no tenant's database takes its messages; it was applied in none
 }
