@@ -63,21 +63,21 @@ func (o Outbox) withDefaults() Outbox {
 func (o Outbox) validate() error {
 	var errs []error
 	if strings.TrimSpace(o.Name) == "" {
-		errs = append(errs, errors.New("Name is required: name the outbox uniquely in the fleet (\"tenant-317\")"))
+		errs = append(errs, errors.New("field Name is required: name the outbox uniquely in the fleet (\"tenant-317\")"))
 	}
 	if o.URL == "" {
-		errs = append(errs, errors.New("URL is required: the URL of the database holding the outbox (postgres://, mysql://, sqlite://)"))
+		errs = append(errs, errors.New("field URL is required: the URL of the database holding the outbox (postgres://, mysql://, sqlite://)"))
 	}
 	scheme, _, _ := strings.Cut(strings.ToLower(o.URL), "://")
 	switch o.Relay {
 	case RelayPoll:
 	case RelayLog:
 		if o.URL != "" && scheme != "postgres" && scheme != "postgresql" {
-			errs = append(errs, fmt.Errorf("Relay %q reads Postgres's write-ahead log, and URL is a %s:// URL: use Relay %q",
+			errs = append(errs, fmt.Errorf("field Relay: %q reads Postgres's write-ahead log, and URL is a %s:// URL: use %q",
 				RelayLog, scheme, RelayPoll))
 		}
 	default:
-		errs = append(errs, fmt.Errorf("Relay must be %q or %q, got %q", RelayPoll, RelayLog, o.Relay))
+		errs = append(errs, fmt.Errorf("field Relay must be %q or %q, got %q", RelayPoll, RelayLog, o.Relay))
 	}
 	if err := errors.Join(errs...); err != nil {
 		if o.Name != "" {

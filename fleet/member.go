@@ -140,8 +140,8 @@ func (m *Member) Run(ctx context.Context) error {
 	m.tickN, m.catalog, m.invalid, m.loaded = 0, nil, nil, false
 	m.seen, m.unowned, m.fallbacks, m.recorded = map[string]int{}, map[string]int{}, map[string]int{}, map[string]int{}
 
-	err := m.join(ctx)
-	if err == nil && ctx.Err() == nil {
+	joined, err := m.join(ctx)
+	if joined {
 		renewCtx, stopRenewing := context.WithCancel(context.WithoutCancel(ctx))
 		renewed := make(chan struct{})
 		go func() {
@@ -155,6 +155,9 @@ func (m *Member) Run(ctx context.Context) error {
 		stopRenewing()
 		<-renewed
 	}
+	if !joined {
+		return err
+	}
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if lerr := m.fc.LeaveFleet(lctx, m.cfg.Fleet, m.cfg.Member); lerr != nil {
@@ -166,8 +169,9 @@ func (m *Member) Run(ctx context.Context) error {
 }
 
 // join waits until the member's first heartbeat lands, and until no other live member has its
-// name. It returns an error only for what no retry mends.
-func (m *Member) join(ctx context.Context) error {
+// name; joined is false when ctx ended first, or on an error, which is returned only for what no
+// retry mends.
+func (m *Member) join(ctx context.Context) (joined bool, err error) {
 	for attempt := 1; ; attempt++ {
 		err := m.checkName(ctx)
 		if err == nil {
@@ -176,16 +180,16 @@ func (m *Member) join(ctx context.Context) error {
 		switch {
 		case err == nil:
 			m.cfg.Logger.Info("Joined the fleet", m.fields())
-			return nil
+			return true, nil
 		case ctx.Err() != nil:
-			return nil
+			return false, nil
 		case errors.Is(err, store.ErrNotMigrated) || errors.Is(err, store.ErrNewerSchema) || outboxkit.IsAccessDenied(err):
-			return fmt.Errorf("fleet %s: coordination database: %w", m.cfg.Fleet, err)
+			return false, fmt.Errorf("fleet %s: coordination database: %w", m.cfg.Fleet, err)
 		}
 		m.cfg.Logger.Error("Cannot join the fleet; retrying", err, m.fields())
 		select {
 		case <-ctx.Done():
-			return nil
+			return false, nil
 		case <-time.After(min(m.cfg.RenewInterval*time.Duration(attempt), 30*time.Second)):
 		}
 	}
@@ -227,7 +231,7 @@ func (m *Member) heartbeat(ctx context.Context) error {
 		return fmt.Errorf("heartbeat: %w", err)
 	}
 	m.mu.Lock()
-	m.dbOffset = now.Sub(time.Now())
+	m.dbOffset = time.Until(now)
 	m.mu.Unlock()
 	return nil
 }

@@ -290,3 +290,24 @@ func waitStatus(t *testing.T, m *running, what string, cond func(fleet.Status) b
 	}
 	return st
 }
+
+// An outbox placed on a member that does not take it — its catalog is behind, say — is taken by
+// another within a few ticks: a member that is up but stuck leaves nothing unowned.
+func TestMember_TakesWhatThePreferredMemberDoesNotTake(t *testing.T) {
+	dir := t.TempDir()
+	coord := sqliteCoordination(t, dir)
+	pub := newRecorder(t)
+	a, _ := sqliteOutbox(t, dir, "a")
+	b, _ := sqliteOutbox(t, dir, "b")
+	// Two outboxes, two members: one of them is placed on m2, whose catalog is empty.
+	m1 := start(t, timing(fleet.Config{Fleet: "stuck", Member: "m1", Coordination: coord, Catalog: fleet.Outboxes{a, b}, Publisher: pub}))
+	m2 := start(t, timing(fleet.Config{Fleet: "stuck", Member: "m2", Coordination: coord, Catalog: fleet.Outboxes{}, Publisher: pub}))
+	testenv.Eventually(t, 10*time.Second, "m2 live in m1's view", func() bool {
+		st, err := m1.Status(context.Background())
+		return err == nil && st.LiveMembers() == 2
+	})
+	waitSpread(t, []string{"a", "b"}, 0, m1, m2)
+	if len(m2.Owned()) != 0 {
+		t.Fatalf("m2 relays %v with an empty catalog", m2.Owned())
+	}
+}
