@@ -131,6 +131,9 @@ func main() {
 	flag.DurationVar(&c.fleetSettle, "fleet-settle", 35*time.Second, "how long --scenario fleet leaves relays idle before measuring them (their polls back off to the longest interval)")
 	flag.Parse()
 	flag.Visit(func(f *flag.Flag) { c.eventsSet = c.eventsSet || f.Name == "events" })
+	if c.scenario == "fleet" && !c.eventsSet {
+		c.events = fleetEvents // so that the JSON says so too
+	}
 	for _, f := range strings.Split(*breakdownRates, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
