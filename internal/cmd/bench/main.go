@@ -2,7 +2,7 @@
 // against the local Postgres and RabbitMQ. Every figure is the median of several repetitions;
 // every comparison is a ratio of two figures measured in the same round.
 //
-//	go run ./internal/cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|idle|console|log|all] [--reps 3]
+//	go run ./internal/cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|idle|console|log|fleet|all] [--reps 3]
 //	                            [--store postgres|mysql|sqlite] (the drain and write scenarios' store)
 //	                            [--json bench-results/bench.json] [--compare an-earlier-run.json]
 package main
@@ -58,9 +58,19 @@ type config struct {
 
 	breakdownModes string
 	breakdownRates []int
+
+	eventsSet                bool // --events was given
+	fleetParts               string
+	fleetTenants, fleetSmall int
+	fleetBaseline, fleetJoin int
+	fleetDrainTenants        int
+	fleetSettle              time.Duration
 }
 
 func main() {
+	if spec := os.Getenv(fleetChildEnv); spec != "" { // a relay process of --scenario fleet
+		os.Exit(runFleetChild(spec))
+	}
 	var c config
 	flag.StringVar(&c.logDBURL, "log-db", env("OUTBOXKIT_TEST_PGLOGICAL_URL", "postgres://postgres@127.0.0.1:55432/test?sslmode=disable"),
 		"Postgres with wal_level = logical for --scenario log (scripts/pg-logical.sh start)")
@@ -77,7 +87,7 @@ func main() {
 	flag.StringVar(&c.store, "store", "postgres", "the store of the drain and write scenarios: postgres (beside stock Watermill on Postgres), "+
 		"mysql (beside stock Watermill on MySQL) or sqlite (to the memory broker and to RabbitMQ)")
 	flag.StringVar(&c.mysqlURL, "mysql", env("OUTBOXKIT_MYSQL_URL", "mysql://root@127.0.0.1:3306/test"), "MySQL or MariaDB URL, for --store mysql")
-	flag.IntVar(&c.events, "events", 20000, "events preloaded for each drain")
+	flag.IntVar(&c.events, "events", 20000, "events preloaded for each drain (--scenario fleet: in all, 50000 unless given)")
 	flag.IntVar(&c.keys, "keys", 200, "partition keys the events are spread over")
 	flag.IntVar(&c.reps, "reps", 3, "repetitions of each measurement (the median is reported)")
 	flag.StringVar(&c.jsonPath, "json", "bench-results/bench.json", "where to write the figures as JSON (empty: nowhere)")
@@ -110,7 +120,20 @@ func main() {
 	flag.DurationVar(&c.consoleBudget, "console-budget", 300*time.Millisecond, "the p95 a console page must keep under (the run fails otherwise)")
 	flag.IntVar(&c.consoleReplay, "console-replay", 100000, "outbox letters the console scenario replays under load (0: none)")
 	flag.IntVar(&c.consoleRate, "console-rate", 2000, "the rate of that replay, letters a second")
+	flag.StringVar(&c.fleetParts, "fleet-parts", "idle,join,drain", "what --scenario fleet measures, comma-separated: idle (a member's CPU, sessions, "+
+		"transactions and memory over idle tenants, beside stock forwarders), join (tenant added to the catalog → its first event at the broker), "+
+		"drain (many tenants' backlogs, a member beside a forwarder per tenant)")
+	flag.IntVar(&c.fleetTenants, "fleet-tenants", 200, "schema tenants the fleet member of --scenario fleet relays idle")
+	flag.IntVar(&c.fleetSmall, "fleet-small", 20, "tenants of the smaller idle member --scenario fleet measures too: memory per tenant is the slope between the two")
+	flag.IntVar(&c.fleetBaseline, "fleet-baseline-tenants", 20, "stock forwarders (a pool and a LISTEN connection each) --scenario fleet measures idle beside the member")
+	flag.IntVar(&c.fleetJoin, "fleet-join", 20, "tenants --scenario fleet adds to the running member one at a time, each round")
+	flag.IntVar(&c.fleetDrainTenants, "fleet-drain-tenants", 50, "tenants --scenario fleet's drain spreads --events over")
+	flag.DurationVar(&c.fleetSettle, "fleet-settle", 35*time.Second, "how long --scenario fleet leaves relays idle before measuring them (their polls back off to the longest interval)")
 	flag.Parse()
+	flag.Visit(func(f *flag.Flag) { c.eventsSet = c.eventsSet || f.Name == "events" })
+	if c.scenario == "fleet" && !c.eventsSet {
+		c.events = fleetEvents // so that the JSON says so too
+	}
 	for _, f := range strings.Split(*breakdownRates, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
@@ -144,7 +167,7 @@ func run(ctx context.Context, c config) error {
 	var results []series
 	ran := false
 	for _, sc := range scenarios {
-		if c.scenario != sc.name && (c.scenario != "all" || sc.name == "e2e-max" || sc.name == "console" || sc.name == "log") { // e2e runs the search too; console builds 10 M rows
+		if c.scenario != sc.name && (c.scenario != "all" || sc.name == "e2e-max" || sc.name == "console" || sc.name == "log" || sc.name == "fleet") { // e2e runs the search too; console builds 10 M rows; fleet, a database
 			continue
 		}
 		ran = true
@@ -196,6 +219,7 @@ var scenarios = []struct {
 	{"idle", benchIdle},
 	{"console", benchConsole},
 	{"log", benchLog},
+	{"fleet", benchFleet},
 }
 
 var scenarioNames = func() []string {
