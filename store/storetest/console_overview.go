@@ -44,6 +44,38 @@ func consoleOverview[TTx any](t *testing.T, h Harness[TTx]) {
 	if err != nil || len(relays) != 1 || relays[0].PublishedTotal != 4 || relays[0].PublishedByTopic["a"] != 3 || !relays[0].LastPass.IsZero() {
 		t.Fatalf("relays: %+v, %v", relays, err)
 	}
+	// A relay silent for a day is forgotten, by a later heartbeat of another — at most every ten
+	// minutes of heartbeat time, so that a heartbeat is one statement in between.
+	gone := store.RelayBeat{Owner: "gone-1", Name: "gone", Host: "h", Started: beat.At, At: beat.At.Add(time.Minute)}
+	if err := c.RelayHeartbeat(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	later := beat
+	later.At = gone.At.Add(24*time.Hour + time.Minute)
+	if err := c.RelayHeartbeat(ctx, later); err != nil {
+		t.Fatal(err)
+	}
+	if relays, err := c.Relays(ctx); err != nil || len(relays) != 1 || relays[0].Owner != "demo-1" {
+		t.Fatalf("relays after a day's silence of one: %+v, %v", relays, err)
+	}
+	gone.At = later.At.Add(-25 * time.Hour) // written late: already a day old
+	if err := c.RelayHeartbeat(ctx, gone); err != nil {
+		t.Fatal(err)
+	}
+	later.At = later.At.Add(time.Minute)
+	if err := c.RelayHeartbeat(ctx, later); err != nil {
+		t.Fatal(err)
+	}
+	if relays, err := c.Relays(ctx); err != nil || len(relays) != 2 {
+		t.Fatalf("forgotten again within ten minutes (a heartbeat is one statement between): %+v, %v", relays, err)
+	}
+	later.At = later.At.Add(10 * time.Minute)
+	if err := c.RelayHeartbeat(ctx, later); err != nil {
+		t.Fatal(err)
+	}
+	if relays, err := c.Relays(ctx); err != nil || len(relays) != 1 {
+		t.Fatalf("not forgotten ten minutes later: %+v, %v", relays, err)
+	}
 	for i, action := range []string{"replay", "pause"} {
 		if err := c.Audit(ctx, store.AuditEntry{At: time.Now(), Actor: "alice", Role: "operator", Action: action, Matched: int64(i),
 			Result: "ok", OK: i == 0}); err != nil {

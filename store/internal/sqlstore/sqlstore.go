@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"context"
+	"sync/atomic"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/store"
@@ -13,6 +14,8 @@ type Store struct {
 	db dbexec.DB
 	d  Dialect
 	q  *Queries
+
+	relaysForgotten atomic.Int64 // the heartbeat time (Unix ns) at which old relays were last forgotten
 }
 
 var _ store.Store = (*Store)(nil)
