@@ -446,6 +446,7 @@ func (m *Member) place(ctx context.Context, members []store.FleetMember, leases 
 			delete(m.fallbacks, name)
 		}
 	}
+	var take []toAcquire
 	for _, o := range m.catalog {
 		if o.Disabled {
 			continue
@@ -468,10 +469,46 @@ func (m *Member) place(ctx context.Context, members []store.FleetMember, leases 
 		if !selfLive || (fallback && m.unowned[o.Name] < 3) {
 			continue
 		}
+		take = append(take, toAcquire{o: o, fallback: fallback})
+	}
+	m.acquireAll(ctx, take)
+}
+
+// toAcquire is an outbox a tick decided to take.
+type toAcquire struct {
+	o        Outbox
+	fallback bool
+	lease    store.Lease
+	ok       bool
+	sent     time.Duration
+}
+
+// acquireParallel bounds the lease requests a tick has in flight at once: after a member's death
+// the others take its share (a hundred outboxes and more) in one tick, and one round trip after
+// another would delay the last of them by seconds.
+const acquireParallel = 8
+
+// acquireAll asks for the leases of take, acquireParallel at a time, and starts the relay of each
+// one granted, in take's order.
+func (m *Member) acquireAll(ctx context.Context, take []toAcquire) {
+	sem := make(chan struct{}, acquireParallel)
+	var wg sync.WaitGroup
+	for i := range take {
 		if ctx.Err() != nil {
-			return
+			break
 		}
-		m.acquire(ctx, o, fallback)
+		sem <- struct{}{}
+		wg.Add(1)
+		go func(a *toAcquire) {
+			defer func() { <-sem; wg.Done() }()
+			a.lease, a.ok, a.sent = m.requestLease(ctx, a.o)
+		}(&take[i])
+	}
+	wg.Wait()
+	for _, a := range take {
+		if a.ok {
+			m.start(ctx, a.o, a.lease, a.sent, a.fallback)
+		}
 	}
 }
 
@@ -481,22 +518,25 @@ func (m *Member) handOver(r *relay, reason string) {
 	r.stop(reason, true)
 }
 
-// acquire takes o's lease if it is free, and starts its relay.
-func (m *Member) acquire(ctx context.Context, o Outbox, fallback bool) {
+// requestLease asks for o's lease; ok when it was free (or this member's) and is now this
+// member's, sent being when the request left.
+func (m *Member) requestLease(ctx context.Context, o Outbox) (l store.Lease, ok bool, sent time.Duration) {
 	cctx, cancel := context.WithTimeout(ctx, m.callTimeout())
 	defer cancel()
-	sent := m.since()
+	sent = m.since()
 	l, ok, err := m.fc.AcquireLease(cctx, m.cfg.Fleet, o.Name, m.cfg.Member, m.cfg.LeaseTTL)
 	if err != nil {
 		if ctx.Err() == nil {
 			logs.Warn(m.cfg.Logger, "Cannot acquire an outbox's lease; retrying at the next tick", err,
 				m.fields().Add(watermill.LogFields{"outbox": o.Name}))
 		}
-		return
+		return l, false, sent
 	}
-	if !ok {
-		return
-	}
+	return l, ok, sent
+}
+
+// start starts the relay of o, whose lease l the member acquired by a request sent at sent.
+func (m *Member) start(ctx context.Context, o Outbox, l store.Lease, sent time.Duration, fallback bool) {
 	r := newRelay(m, o, l, sent+m.cfg.LeaseTTL-m.cfg.StopBefore)
 	r.acquiredTick = m.tickN
 	if fallback {

@@ -264,7 +264,9 @@ func TestMember_FollowsTheCatalog(t *testing.T) {
 		}
 		return false
 	})
-	if !slices.Contains(append(m1.Owned(), m2.Owned()...), "first") {
+	// Disabling one outbox may move another (each member's share changes): after its handover,
+	// first is relayed again.
+	if !testenv.Within(10*time.Second, func() bool { return slices.Contains(append(m1.Owned(), m2.Owned()...), "first") }) {
 		t.Errorf("outbox first is relayed by nobody: %s", describe(owners(m1, m2)))
 	}
 }

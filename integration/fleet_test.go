@@ -57,7 +57,7 @@ func TestHelperFleetMember(t *testing.T) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
-	coord, err := store.Open(ctx, spec.CoordURL, store.OpenOptions{Schema: spec.CoordSchema, MaxConns: spec.MaxConns})
+	coord, err := store.Open(ctx, spec.CoordURL, store.OpenOptions{Schema: spec.CoordSchema, MaxConns: max(spec.MaxConns, 4)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,6 +284,22 @@ func TestFleet_RelayProcessesKilledCutOffAndTerminated(t *testing.T) {
 		})
 		return victim, tokensOf(status(), owned)
 	}
+	// balanced waits until the newest member has taken its share, so that each kill takes a third.
+	balanced := func(live []*fleetProc) {
+		t.Helper()
+		share := (tenants + len(live) - 1) / len(live)
+		testenv.Eventually(t, 90*time.Second, "the fleet rebalanced over its members", func() bool {
+			by := ownedBy(status())
+			n := 0
+			for _, p := range live {
+				if len(by[p.name]) > share {
+					return false
+				}
+				n += len(by[p.name])
+			}
+			return n == tenants
+		})
+	}
 	without := func(ps []*fleetProc, p *fleetProc) []*fleetProc {
 		return slices.DeleteFunc(slices.Clone(ps), func(x *fleetProc) bool { return x == p })
 	}
@@ -301,6 +317,7 @@ func TestFleet_RelayProcessesKilledCutOffAndTerminated(t *testing.T) {
 		takeovers = append(takeovers, d)
 		t.Logf("kill -9 %d of %s: its %d outboxes relayed by others after %s", k, victim.name, len(tokens), d.Round(time.Millisecond))
 		live = append(without(live, victim), start(fmt.Sprintf("m%d-%d", k%3, k)))
+		balanced(live)
 	}
 
 	// A black hole between one member and the coordination database: it stops before its leases can
