@@ -304,7 +304,8 @@ func TestFleet_RelayProcessesKilledCutOffAndTerminated(t *testing.T) {
 		return slices.DeleteFunc(slices.Clone(ps), func(x *fleetProc) bool { return x == p })
 	}
 
-	// kill -9, three times; each time a new member takes the dead one's place.
+	balanced(live)
+	// kill -9 of the busiest member, kills times (3 by default); each time a new member takes its place.
 	var takeovers []time.Duration
 	for k := 1; k <= max(kills, 1); k++ {
 		victim, tokens := busiest()
