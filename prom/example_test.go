@@ -12,6 +12,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxkit/outboxkit/fleet"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
@@ -110,4 +111,32 @@ func ExampleNewFleetMetrics() {
 	// outboxkit_fleet_members [fleet=shop] 1
 	// outboxkit_fleet_outbox_owned [fleet=shop outbox=acme owner=relay-a tenant=acme] 1
 	// outboxkit_fleet_outbox_owned [fleet=shop outbox=globex owner= tenant=globex] 0
+}
+
+// A fleet member's own metrics: its leases, and each outbox's forwarder. Pass it as the member's
+// Metrics and its Forwarder method as ForwarderMetrics.
+func ExampleNewMemberMetrics() {
+	reg := prometheus.NewRegistry()
+	metrics, err := prom.NewMemberMetrics(reg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg := fleet.Config{
+		Metrics:          metrics,
+		ForwarderMetrics: metrics.Forwarder, // each outbox's forwarder, labelled by the outbox
+		// Coordination, Catalog, Open and Publisher as in fleet.New's example.
+	}
+	_ = cfg
+	metrics.LeaseAcquired("acme", 1) // what a member reports as it acquires an outbox
+	families, err := reg.Gather()
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() == "outboxkit_fleet_member_leases_acquired_total" {
+			fmt.Println(f.GetName(), f.GetMetric()[0].GetCounter().GetValue())
+		}
+	}
+	// Output:
+	// outboxkit_fleet_member_leases_acquired_total 1
 }
