@@ -210,6 +210,11 @@ func TestKafka_RecordKeyIsThePartitionKeyAndKeysKeepTheirOrder(t *testing.T) {
 			if string(rec.Key) != key || key == "" {
 				t.Fatalf("record key %q, partition key %q: the record must be keyed by its partition key", rec.Key, key)
 			}
+			// The partition Sarama's hash partitioner, which earlier versions produced with, chose:
+			// a key stays on its partition, in order, across an upgrade.
+			if want, err := sarama.NewHashPartitioner(topic).Partition(&sarama.ProducerMessage{Key: sarama.StringEncoder(key)}, partitions); err != nil || want != p {
+				t.Fatalf("key %s on partition %d; Sarama's hash partitioner puts it on %d (%v)", key, p, want, err)
+			}
 			if prev, ok := partitionOf[key]; ok && prev != p {
 				t.Fatalf("key %s on partitions %d and %d", key, prev, p)
 			}

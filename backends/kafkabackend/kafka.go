@@ -6,6 +6,9 @@
 //
 // with TLS (tls, tls_ca, tls_cert, tls_key, tls_server_name) and SASL (PLAIN, SCRAM-SHA-256,
 // SCRAM-SHA-512) for managed clusters, as the README's "Kafka with TLS and SASL" describes.
+// Consumers read only committed records (read_committed): the records of a transaction another
+// producer aborted, or has not committed yet, are not handed out; isolation=read_uncommitted
+// reads them too. Producer and consumers are franz-go clients, made from one reading of the URL.
 package kafkabackend
 
 import (
@@ -19,12 +22,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/IBM/sarama"
-	"github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
-	"github.com/ThreeDotsLabs/watermill/message"
-	"github.com/eapache/go-resiliency/breaker"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends"
@@ -36,21 +36,14 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 	if err != nil {
 		return backends.Parts{}, err
 	}
-	marshaler := kafkaMarshaler{inner: kafka.NewWithPartitioningMarshaler(kafkaKey), wire: brokerio.NewWire(opts)}
-
-	cfg := kafka.DefaultSaramaSyncPublisherConfig()
-	cfg.Producer.RequiredAcks = sarama.WaitForAll // every in-sync replica has the message
-	cfg.Producer.Idempotent = true                // the broker drops the producer's own retried duplicates
-	cfg.Net.MaxOpenRequests = 1                   // required by the idempotent producer
-	cfg.Net.DialTimeout = 5 * time.Second         // Sarama's 30s hides an unreachable broker for long
-	cfg.Version = kafkaVersion
-	conn.sarama(cfg)
-	// Sarama's producer dials when it is made: make it on the first publish, so a process starts
-	// while the cluster is down.
-	lazy := &brokerio.LazyPublisher{Build: func() (message.Publisher, error) {
-		return kafka.NewPublisher(kafka.PublisherConfig{Brokers: conn.brokers, Marshaler: marshaler, OverwriteSaramaConfig: cfg}, opts.Logger)
-	}}
-	bounded := &brokerio.BoundedPublisher{Publisher: lazy, Classify: classifyKafka,
+	marshaler := kafkaMarshaler{wire: brokerio.NewWire(opts)}
+	pub, err := newKafkaPublisher(conn, marshaler, opts.Logger)
+	if err != nil {
+		return backends.Parts{}, err
+	}
+	// BoundedPublisher returns at the message context's end even for records already sent, whose
+	// acknowledgement franz-go waits for; Close waits for those calls.
+	bounded := &brokerio.BoundedPublisher{Publisher: pub, Classify: classifyKafka,
 		Ping: func(ctx context.Context) error { return pingKafka(ctx, conn) }}
 	klag := &kafkaLag{conn: conn}
 	return backends.Parts{
@@ -65,10 +58,6 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 	}, nil
 }
 
-// kafkaVersion is the protocol version the producer and the ping speak: Kafka 2.8 (2021) or
-// newer.
-var kafkaVersion = sarama.V2_8_0_0
-
 // Group timeouts. A member that dies is noticed after a short session timeout; a member has the
 // rebalance timeout to rejoin when the group changes — and, since part of it, to finish the records
 // of the partitions it gives up and commit them. Every member of a group must use these: Kafka
@@ -79,58 +68,49 @@ const (
 	kafkaHeartbeat        = 2 * time.Second
 )
 
-// The Sarama codes that refuse the client, and those that refuse the message for good.
+// The broker's codes that refuse the client, and those that refuse the message for good. franz-go
+// returns them from the broker's answers and, for a record larger than the producer's batch limit,
+// before sending (kerr.MessageTooLarge).
 var (
-	saramaDenied = []sarama.KError{sarama.ErrSASLAuthenticationFailed, sarama.ErrTopicAuthorizationFailed,
-		sarama.ErrClusterAuthorizationFailed, sarama.ErrGroupAuthorizationFailed, sarama.ErrTransactionalIDAuthorizationFailed}
-	saramaPermanent = []sarama.KError{sarama.ErrMessageSizeTooLarge, sarama.ErrInvalidMessage, sarama.ErrInvalidMessageSize,
-		sarama.ErrInvalidTopic, sarama.ErrInvalidRecord}
+	kafkaDenied = []*kerr.Error{kerr.SaslAuthenticationFailed, kerr.TopicAuthorizationFailed, kerr.ClusterAuthorizationFailed,
+		kerr.GroupAuthorizationFailed, kerr.TransactionalIDAuthorizationFailed, kerr.IllegalSaslState, kerr.UnsupportedSaslMechanism}
+	kafkaPermanent = []*kerr.Error{kerr.MessageTooLarge, kerr.CorruptMessage, kerr.InvalidTopicException, kerr.InvalidRecord,
+		kerr.RecordListTooLarge, kerr.InvalidRequiredAcks}
 )
 
-// classifyKafka marks the errors that mean the cluster could not take the message now.
+// classifyKafka marks the errors that mean the cluster could not take the message now
+// (outboxkit.Unreachable), that refuse the client (outboxkit.AccessDenied) or the message for good
+// (outboxkit.Permanent); anything else is a message error.
 func classifyKafka(err error) error {
-	if ke, ok := errors.AsType[*kerr.Error](err); ok { // franz-go's, from the consumer
-		switch ke {
-		case kerr.SaslAuthenticationFailed, kerr.TopicAuthorizationFailed, kerr.ClusterAuthorizationFailed,
-			kerr.GroupAuthorizationFailed, kerr.TransactionalIDAuthorizationFailed:
-			return outboxkit.AccessDenied(err)
-		case kerr.MessageTooLarge, kerr.CorruptMessage, kerr.InvalidTopicException, kerr.InvalidRecord, kerr.RecordListTooLarge:
-			return outboxkit.Permanent(err)
+	if ke, ok := errors.AsType[*kerr.Error](err); ok {
+		for _, code := range kafkaDenied {
+			if ke == code {
+				return outboxkit.AccessDenied(err)
+			}
 		}
-		return outboxkit.Unreachable(err)
+		for _, code := range kafkaPermanent {
+			if ke == code {
+				return outboxkit.Permanent(err) // the message or its topic is refused, and always will be
+			}
+		}
+		return outboxkit.Unreachable(err) // leaders moving, replicas behind, timeouts: try later
 	}
 	// A server certificate the client cannot verify: trying again will not help until the
 	// configuration (tls_ca, tls_server_name) or the certificate changes.
 	if _, ok := errors.AsType[*tls.CertificateVerificationError](err); ok {
 		return outboxkit.AccessDenied(err)
 	}
-	if errors.Is(err, kgo.ErrClientClosed) {
-		return outboxkit.Unreachable(err)
-	}
-	// Sarama's broker codes, matched with errors.Is: Sarama wraps some of them (a refused SASL
-	// authentication, with the broker's message) so that errors.As does not find the code.
-	for _, code := range saramaDenied {
-		if errors.Is(err, code) {
-			return outboxkit.AccessDenied(err)
-		}
-	}
-	for _, code := range saramaPermanent {
-		if errors.Is(err, code) {
-			return outboxkit.Permanent(err) // the message or its topic is refused, and always will be
-		}
-	}
-	if _, ok := errors.AsType[sarama.KError](err); ok {
-		return outboxkit.Unreachable(err) // leaders moving, replicas behind, timeouts: try later
-	}
-	// Sarama's own circuit breaker opens after a few failed requests to a broker: the cluster is
-	// unreachable, not the message wrong. So are lost connections and timeouts.
-	for _, t := range []error{sarama.ErrOutOfBrokers, sarama.ErrNotConnected, sarama.ErrClosedClient,
-		sarama.ErrShuttingDown, sarama.ErrControllerNotAvailable, breaker.ErrBreakerOpen,
+	// The client's own: a record not acknowledged in time or after its retries, a client closed,
+	// lost connections and timeouts. The cluster is unreachable, not the message wrong.
+	for _, t := range []error{kgo.ErrRecordTimeout, kgo.ErrRecordRetries, kgo.ErrClientClosed, kgo.ErrMaxBuffered,
 		io.EOF, io.ErrUnexpectedEOF, syscall.ECONNRESET, syscall.ECONNREFUSED, syscall.EPIPE,
-		context.DeadlineExceeded, os.ErrDeadlineExceeded} {
+		context.DeadlineExceeded, context.Canceled, os.ErrDeadlineExceeded} {
 		if errors.Is(err, t) {
 			return outboxkit.Unreachable(err)
 		}
+	}
+	if _, ok := errors.AsType[*kgo.ErrFirstReadEOF](err); ok {
+		return outboxkit.Unreachable(err)
 	}
 	if _, ok := errors.AsType[net.Error](err); ok {
 		return outboxkit.Unreachable(err)
@@ -142,24 +122,20 @@ func init() {
 	backends.Register(open, kafkaURLUsage+" (Kafka)", "kafka")
 }
 
-// pingKafka asks the cluster whether it answers and takes the client: on a connection of its own
-// to each bootstrap broker in turn, until one answers, the TLS handshake and SASL authentication
-// the URL asks for, then ApiVersions and a Metadata request (which a listener that
-// wants TLS or SASL refuses to an unauthenticated client). A TCP connection alone would not tell:
-// a load balancer or proxy in front of a broker that is down accepts it. Refused credentials and a
-// server certificate that does not verify are outboxkit.AccessDenied; anything else Unreachable.
+// pingKafka asks the cluster whether it answers and takes the client: with a client of its own
+// for each bootstrap broker in turn, until one answers, the TLS handshake and SASL authentication
+// the URL asks for, then ApiVersions and a Metadata request (which a listener that wants TLS or
+// SASL refuses to an unauthenticated client). A TCP connection alone would not tell: a load
+// balancer or proxy in front of a broker that is down accepts it. Refused credentials and a server
+// certificate that does not verify are outboxkit.AccessDenied; anything else Unreachable.
 func pingKafka(ctx context.Context, conn kafkaConn) error {
 	timeout := 2 * time.Second
 	if d, ok := ctx.Deadline(); ok {
 		timeout = min(timeout, max(time.Until(d), 10*time.Millisecond))
 	}
-	cfg := sarama.NewConfig()
-	cfg.Version = kafkaVersion
-	cfg.Net.DialTimeout, cfg.Net.ReadTimeout, cfg.Net.WriteTimeout = timeout, timeout, timeout
-	conn.sarama(cfg)
 	var errs []error
 	for _, addr := range conn.brokers {
-		err := pingBroker(addr, cfg)
+		err := pingBroker(ctx, conn, addr, timeout)
 		if err == nil {
 			return nil
 		}
@@ -172,19 +148,23 @@ func pingKafka(ctx context.Context, conn kafkaConn) error {
 	return outboxkit.Unreachable(fmt.Errorf("no Kafka broker answered: %w", errors.Join(errs...)))
 }
 
-func pingBroker(addr string, cfg *sarama.Config) error {
-	b := sarama.NewBroker(addr)
-	if err := b.Open(cfg); err != nil {
+func pingBroker(ctx context.Context, conn kafkaConn, addr string, timeout time.Duration) error {
+	cl, err := kgo.NewClient(append(conn.kgoOpts(), kgo.SeedBrokers(addr), kgo.DialTimeout(timeout),
+		kgo.RequestRetries(0), kgo.RequestTimeoutOverhead(timeout))...)
+	if err != nil {
 		return err
 	}
-	defer func() { _ = b.Close() }()
-	if _, err := b.ApiVersions(&sarama.ApiVersionsRequest{}); err != nil {
-		return err
-	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	// A topic that need not exist, so that the answer stays small on a large cluster (no topic at
-	// all would ask for every one); its own error in the answer is not ours.
-	req := sarama.NewMetadataRequest(cfg.Version, []string{"__outboxkit_ping"})
+	// all would ask for every one); its own error in the answer is not ours. franz-go asks
+	// ApiVersions first, on the connection it opens for this request.
+	req := kmsg.NewPtrMetadataRequest()
 	req.AllowAutoTopicCreation = false
-	_, err := b.GetMetadata(req)
+	t := kmsg.NewMetadataRequestTopic()
+	t.Topic = kmsg.StringPtr("__outboxkit_ping")
+	req.Topics = append(req.Topics, t)
+	_, err = req.RequestWith(ctx, cl)
 	return err
 }

@@ -255,7 +255,7 @@ func (k *kafkaClaim) run() {
 					continue
 				}
 			}
-			msg := c.decode(r)
+			msg := c.s.marshaler.unmarshalRecord(r)
 			out = append(out, &kafkaRecord{offset: r.Offset})
 			cancel, ok := c.send(ctx, held, msg, r.Offset < vouchFrom) // in offset order
 			if !ok {

@@ -1,7 +1,6 @@
 package kafkabackend
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -15,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/IBM/sarama"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/sasl"
 	"github.com/twmb/franz-go/pkg/sasl/plain"
@@ -23,8 +21,9 @@ import (
 )
 
 // kafkaConn is how a kafka:// URL reaches its cluster: the bootstrap brokers, TLS and SASL. Every
-// client the backend makes — Sarama's producer and ping, franz-go's group members, topic creation
-// and lag reader — is made from it, so they all speak to the cluster the same way.
+// client the backend makes — the producer and its ping, the group members, topic creation and the
+// lag reader, all franz-go's — is made from its kgoOpts, so they all speak to the cluster the same
+// way.
 type kafkaConn struct {
 	brokers []string
 	tls     *tls.Config // nil: plaintext
@@ -32,6 +31,9 @@ type kafkaConn struct {
 	// credentials, from the URL's user information.
 	mechanism      string
 	user, password string
+	// readUncommitted: consumers read records of transactions not yet committed, and of aborted
+	// ones (isolation=read_uncommitted); by default they read only what was committed.
+	readUncommitted bool
 }
 
 // The SASL mechanisms a kafka:// URL can name with ?sasl=: those of managed Kafka services
@@ -46,7 +48,7 @@ const (
 var kafkaMechanisms = []string{saslPlain, saslScram256, saslScram512}
 
 // kafkaParams are the query parameters a kafka:// URL takes.
-var kafkaParams = []string{"tls", "tls_ca", "tls_cert", "tls_key", "tls_server_name", "sasl"}
+var kafkaParams = []string{"tls", "tls_ca", "tls_cert", "tls_key", "tls_server_name", "sasl", "isolation"}
 
 // parseKafkaURL reads a kafka:// URL:
 //
@@ -57,6 +59,8 @@ var kafkaParams = []string{"tls", "tls_ca", "tls_cert", "tls_key", "tls_server_n
 //	  &tls_server_name=kafka.internal                  ... expecting this name in the server's certificate
 //	kafka://user:password@host:9093?tls=true&sasl=SCRAM-SHA-512
 //	                                                   SASL: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
+//	kafka://host:9092?isolation=read_uncommitted       consumers read records of open and aborted
+//	                                                   transactions too (default: read_committed)
 //
 // The user and password are percent-encoded, as in any URL. Any tls_* parameter turns TLS on.
 // Whatever cannot work is refused here, with what to write instead: an unknown parameter, a
@@ -93,6 +97,13 @@ func parseKafkaURL(raw string) (kafkaConn, error) {
 		if !slices.Contains(kafkaMechanisms, k.mechanism) {
 			return kafkaConn{}, fmt.Errorf("sasl=%s: the mechanisms are %s", m, strings.Join(kafkaMechanisms, ", "))
 		}
+	}
+	switch iso := q.Get("isolation"); iso {
+	case "", "read_committed":
+	case "read_uncommitted":
+		k.readUncommitted = true
+	default:
+		return kafkaConn{}, fmt.Errorf("isolation=%s: use isolation=read_committed (the default) or isolation=read_uncommitted", iso)
 	}
 	if u.User != nil {
 		k.user = u.User.Username()
@@ -155,29 +166,12 @@ func kafkaTLS(q url.Values) (*tls.Config, error) {
 	return cfg, nil
 }
 
-// sarama sets a Sarama configuration's TLS and SASL.
-func (k kafkaConn) sarama(cfg *sarama.Config) {
-	if k.tls != nil {
-		cfg.Net.TLS.Enable = true
-		cfg.Net.TLS.Config = k.tls.Clone()
+// isolation is the level the URL's consumers read at.
+func (k kafkaConn) isolation() kgo.IsolationLevel {
+	if k.readUncommitted {
+		return kgo.ReadUncommitted()
 	}
-	if k.mechanism == "" {
-		return
-	}
-	cfg.Net.SASL.Enable = true
-	cfg.Net.SASL.Handshake = true
-	cfg.Net.SASL.Version = sarama.SASLHandshakeV1
-	cfg.Net.SASL.User, cfg.Net.SASL.Password = k.user, k.password
-	switch k.mechanism {
-	case saslPlain:
-		cfg.Net.SASL.Mechanism = sarama.SASLTypePlaintext
-	case saslScram256:
-		cfg.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA256
-		cfg.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &saramaSCRAM{sha512: false} }
-	case saslScram512:
-		cfg.Net.SASL.Mechanism = sarama.SASLTypeSCRAMSHA512
-		cfg.Net.SASL.SCRAMClientGeneratorFunc = func() sarama.SCRAMClient { return &saramaSCRAM{sha512: true} }
-	}
+	return kgo.ReadCommitted()
 }
 
 // kgoOpts are the franz-go options every client of the backend is made with.
@@ -203,42 +197,6 @@ func (k kafkaConn) kgoMechanism() sasl.Mechanism {
 	}
 	return nil
 }
-
-// saramaSCRAM is Sarama's SCRAM client on franz-go's SCRAM (RFC 5802), which this module already
-// carries: Sarama leaves the SCRAM exchange to the application, and its examples pull in another
-// library for it.
-type saramaSCRAM struct {
-	sha512 bool
-	sess   sasl.Session
-	first  []byte // the client's first message, sent at the first Step
-	done   bool
-}
-
-func (c *saramaSCRAM) Begin(user, password, authzID string) error {
-	a := scram.Auth{User: user, Pass: password, Zid: authzID}
-	m := a.AsSha256Mechanism()
-	if c.sha512 {
-		m = a.AsSha512Mechanism()
-	}
-	sess, first, err := m.Authenticate(context.Background(), "")
-	c.sess, c.first, c.done = sess, first, false
-	return err
-}
-
-// Step answers the server: "" opens the exchange (the client's first message); the server's first
-// message gets the client's proof; the server's final message is checked, which ends it.
-func (c *saramaSCRAM) Step(challenge string) (string, error) {
-	if c.first != nil {
-		first := c.first
-		c.first = nil
-		return string(first), nil
-	}
-	done, resp, err := c.sess.Challenge([]byte(challenge))
-	c.done = done
-	return string(resp), err
-}
-
-func (c *saramaSCRAM) Done() bool { return c.done }
 
 // explain adds to an error that a broker closed the connection at once what the URL did not ask
 // for: a listener that wants TLS or SASL closes the connection of a plaintext, unauthenticated

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/twmb/franz-go/pkg/kgo"
+
 	"github.com/outboxkit/outboxkit/backends"
 )
 
@@ -34,6 +36,7 @@ func TestParseKafkaURL_RefusesWhatCannotWorkAndSaysWhatToWrite(t *testing.T) {
 		{"kafka://h:9092?tls_ca=" + notPEM, "tls_ca: " + notPEM + " holds no PEM certificate"},
 		{"kafka://h:9092?tls_cert=" + notPEM, "a client certificate needs both tls_cert and tls_key"},
 		{"kafka://h:9092?tls_cert=" + notPEM + "&tls_key=" + notPEM, "tls_cert, tls_key: "},
+		{"kafka://h:9092?isolation=committed", "isolation=committed: use isolation=read_committed (the default) or isolation=read_uncommitted"},
 	} {
 		_, err := parseKafkaURL(tc.url)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -44,6 +47,13 @@ func TestParseKafkaURL_RefusesWhatCannotWorkAndSaysWhatToWrite(t *testing.T) {
 	_, err := backends.Open(context.Background(), "kafka://app:hunter2@h:9092?tls=true", backends.Options{})
 	if err == nil || !strings.Contains(err.Error(), "add sasl=") || strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("Open = %v; want the missing mechanism named and the password hidden", err)
+	}
+
+	for url, uncommitted := range map[string]bool{"kafka://h:9092": false, "kafka://h:9092?isolation=read_committed": false,
+		"kafka://h:9092?isolation=read_uncommitted": true} {
+		if k, err := parseKafkaURL(url); err != nil || k.readUncommitted != uncommitted || (k.isolation() == kgo.ReadCommitted()) == uncommitted {
+			t.Errorf("%s: read uncommitted %v (%v); want %v", url, k.readUncommitted, err, uncommitted)
+		}
 	}
 
 	for _, tc := range []struct {

@@ -121,6 +121,7 @@ func (s *kafkaSubscriber) Subscribe(ctx context.Context, topic string) (<-chan *
 		kgo.Balancers(kafkaBalancers()...),
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), // a new group reads what was published before it joined
 		kgo.DisableAutoCommit(),                           // a claim commits what was settled, in order
+		kgo.FetchIsolationLevel(s.conn.isolation()),       // records of aborted transactions are not handed out
 		kgo.BlockRebalanceOnPoll(),                        // records polled are dispatched before partitions move
 		kgo.FetchMaxWait(500*time.Millisecond),            // a partition resumed is fetched again soon
 		kgo.SessionTimeout(kafkaSessionTimeout),

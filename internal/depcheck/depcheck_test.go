@@ -46,6 +46,7 @@ var heavy = map[string]string{
 	"github.com/ory/dockertest":                      "dockertest", // the tools only tests use: no library package may compile them
 	"github.com/chromedp":                            "chromedp",
 	"github.com/twmb/franz-go/pkg/kfake":             "kfake",
+	"github.com/twmb/franz-go/pkg/kgo":               "franz-go",
 	"net/http":                                       "net/http",
 }
 
@@ -65,8 +66,8 @@ var allowed = map[string][]string{
 	"backends":                 nil,
 	"backends/memorybackend":   nil,
 	"backends/amqpbackend":     {"amqp091-go", "watermill-amqp"},
-	"backends/kafkabackend":    {"sarama", "watermill-kafka", "otel/propagation", "net/http"}, // the last two are Sarama's (otelsarama)
-	"backends/natsbackend":     {"nats.go", "watermill-nats", "net/http"},                     // nats.go's own
+	"backends/kafkabackend":    {"franz-go"},                              // one Kafka client, producer and consumers
+	"backends/natsbackend":     {"nats.go", "watermill-nats", "net/http"}, // nats.go's own
 	"backends/redisbackend":    {"go-redis", "watermill-redisstream"},
 	"backends/postgresbackend": {"watermill-sql", "pgx", "lib/pq"}, // watermill-sql imports both drivers
 	"prom":                     {"prometheus", "net/http"},         // the client's own
@@ -123,11 +124,15 @@ func TestAMySQLAndRabbitMQServiceIsNotHeavierThanStockWatermill(t *testing.T) {
 
 // testOnly are the modules only outboxkit's tests use, kept in the integration module's go.mod
 // (integration/go.mod) so that they and what they require — the Docker client, the Chrome DevTools
-// protocol — are in no user's module graph.
+// protocol, Sarama's compression codecs and Kerberos — are in no user's module graph. Sarama and
+// watermill-kafka are how the tests prove that stock Watermill reads what the Kafka backend, on
+// franz-go, writes.
 var testOnly = map[string]string{
-	"github.com/ory/dockertest":          "dockertest",
-	"github.com/chromedp":                "chromedp",
-	"github.com/twmb/franz-go/pkg/kfake": "kfake",
+	"github.com/ory/dockertest":                "dockertest",
+	"github.com/chromedp":                      "chromedp",
+	"github.com/twmb/franz-go/pkg/kfake":       "kfake",
+	"github.com/IBM/sarama":                    "sarama",
+	"github.com/ThreeDotsLabs/watermill-kafka": "watermill-kafka",
 }
 
 // The library's module graph — what a service requiring outboxkit inherits, and a vulnerability
