@@ -531,15 +531,7 @@ func (h *Handler) fleetRoutes() {
 	p := h.cfg.Prefix
 	m := h.mux
 	f := h.fleet
-	m.HandleFunc("GET "+p+"/static/{name}", h.serveStatic)
-	m.HandleFunc("GET "+p+"/healthz", f.healthz)
-	m.HandleFunc("GET "+p+"/robots.txt", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/plain")
-		_, _ = w.Write([]byte("User-agent: *\nDisallow: /\n"))
-	})
-	m.HandleFunc("GET "+p+"/login", h.loginPage)
-	m.HandleFunc("POST "+p+"/login", h.login)
-	m.HandleFunc("POST "+p+"/logout", h.logout)
+	h.baseRoutes(f.healthz)
 	m.HandleFunc("GET "+p+"/{$}", h.auth(Viewer, f.fleetPage))
 	m.HandleFunc("GET "+p+"/t", h.auth(Viewer, f.switchTenant))
 	m.Handle("GET "+p+"/t/{$}", http.RedirectHandler(p+"/", http.StatusSeeOther))

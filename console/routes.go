@@ -9,11 +9,13 @@ import (
 	"github.com/outboxkit/outboxkit/store"
 )
 
-func (h *Handler) routes() {
+// baseRoutes are the routes of every console, a database's or a fleet's: its assets, its health
+// (healthz), robots.txt, and signing in and out.
+func (h *Handler) baseRoutes(healthz http.HandlerFunc) {
 	p := h.cfg.Prefix
 	m := h.mux
 	m.HandleFunc("GET "+p+"/static/{name}", h.serveStatic)
-	m.HandleFunc("GET "+p+"/healthz", h.healthz)
+	m.HandleFunc("GET "+p+"/healthz", healthz)
 	m.HandleFunc("GET "+p+"/robots.txt", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = w.Write([]byte("User-agent: *\nDisallow: /\n"))
@@ -21,6 +23,12 @@ func (h *Handler) routes() {
 	m.HandleFunc("GET "+p+"/login", h.loginPage)
 	m.HandleFunc("POST "+p+"/login", h.login)
 	m.HandleFunc("POST "+p+"/logout", h.logout)
+}
+
+func (h *Handler) routes() {
+	p := h.cfg.Prefix
+	m := h.mux
+	h.baseRoutes(h.healthz)
 	m.HandleFunc("GET "+p+"/{$}", h.auth(Viewer, h.migrated(h.overviewPage)))
 	m.HandleFunc("GET "+p+"/letters", h.auth(Viewer, h.migrated(h.lettersPage)))
 	m.HandleFunc("GET "+p+"/letters/{side}/{id}", h.auth(Viewer, h.migrated(h.letterPage)))

@@ -121,6 +121,12 @@ func NewHandler(t testing.TB, s store.Store, tune ...func(*console.Config)) *con
 		fn(&cfg)
 	}
 	h, err := console.New(cfg)
+	return started(t, h, err)
+}
+
+// started starts h, made with err, and stops it when the test ends.
+func started(t testing.TB, h *console.Handler, err error) *console.Handler {
+	t.Helper()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -90,16 +90,5 @@ func (f *Fleet) Handler(t testing.TB, tune ...func(*console.FleetConfig)) *conso
 		fn(&cfg)
 	}
 	h, err := console.NewFleet(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := h.Stop(context.Background()); err != nil {
-			t.Error(err)
-		}
-	})
-	return h
+	return started(t, h, err)
 }
