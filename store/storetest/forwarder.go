@@ -40,6 +40,8 @@ func forwarderTests[TTx any]() []test[TTx] {
 		{"PermanentFailureDeadLettersAtOnce", permanentFailureDeadLettersAtOnce[TTx]},
 		{"AccessDeniedHoldsAndRefusesToStart", accessDeniedHoldsAndRefusesToStart[TTx]},
 		{"RunRefusesUnmigratedTables", runRefusesUnmigratedTables[TTx]},
+		{"TransactionalCrashAfterCommitBeforeMark", txnCrashAfterCommitBeforeMark[TTx]},
+		{"TransactionalRefusesAnotherOutboxsProgress", txnRefusesAnotherOutboxsProgress[TTx]},
 	}
 }
 

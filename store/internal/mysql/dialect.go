@@ -77,6 +77,7 @@ func New(database string) (*Dialect, error) {
 		OutboxStats: d.sql["outbox_stats"], OutboxDeadLetters: d.sql["outbox_dead_letters"],
 		LockOutboxDeadLetters: d.sql["lock_outbox_dead_letters"], ReplayOutbox: d.sql["replay_outbox"],
 		PrunePublished: d.sql["prune_published"], MarkPublished: d.sql["mark_published"], DeletePublished: d.sql["delete_published"],
+		MarkCommitted: d.sql["mark_committed"], DeleteCommitted: d.sql["delete_committed"],
 		Seen: d.sql["seen"], InsertInbox: d.sql["insert_inbox"], CountDuplicate: d.sql["count_duplicate"],
 		DeadLetter: d.sql["dead_letter"], CountDelivery: d.sql["count_delivery"], CountDeliveryRead: d.sql["count_delivery_read"],
 		DeliveryCount: d.sql["delivery_count"], DeliveryFailed: d.sql["delivery_failed"],

@@ -88,6 +88,8 @@ func New(cfg Config) (*Dialect, error) {
 		PrunePublished:        read("prune_published.sql"),
 		MarkPublished:         read("mark_published.sql"),
 		DeletePublished:       read("delete_published.sql"),
+		MarkCommitted:         read("mark_committed.sql"),
+		DeleteCommitted:       read("delete_committed.sql"),
 		Seen:                  read("seen.sql"),
 		InsertInbox:           read("insert_inbox.sql"),
 		InsertInboxes:         read("insert_inboxes.sql"),

@@ -71,6 +71,8 @@ type Queries struct {
 	PrunePublished string
 	// MarkPublished(now, seqs); DeletePublished(seqs).
 	MarkPublished, DeletePublished string
+	// MarkCommitted(now, seqs); DeleteCommitted(seqs): pending rows only, whoever holds them.
+	MarkCommitted, DeleteCommitted string
 
 	// Seen(consumer, id) → bool.
 	Seen string

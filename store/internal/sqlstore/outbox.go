@@ -63,3 +63,23 @@ func (s *Store) PrunePublished(ctx context.Context, cutoff time.Time, limit int)
 	}
 	return int(n), nil
 }
+
+// MarkCommitted implements store.Committer.
+func (s *Store) MarkCommitted(ctx context.Context, seqs []int64, now time.Time, deleteRows bool) (int, error) {
+	if len(seqs) == 0 {
+		return 0, nil
+	}
+	var (
+		n   int64
+		err error
+	)
+	if deleteRows {
+		n, err = s.db.Exec(ctx, s.q.DeleteCommitted, s.d.Int64s(seqs))
+	} else {
+		n, err = s.db.Exec(ctx, s.q.MarkCommitted, s.d.Time(now), s.d.Int64s(seqs))
+	}
+	if err != nil {
+		return 0, fmt.Errorf("mark outbox rows a broker transaction committed: %w", s.d.Classify(err))
+	}
+	return int(n), nil
+}

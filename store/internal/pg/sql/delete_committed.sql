@@ -1,0 +1,3 @@
+-- mark_committed with Retention.DeleteOnPublish. $1 seqs.
+DELETE FROM {{schema}}.outbox
+WHERE seq = ANY($1::bigint[]) AND published_at IS NULL AND dead_lettered_at IS NULL

@@ -1,0 +1,5 @@
+-- A transactional relay's recovery: rows its broker transaction committed, whichever relay holds
+-- their lease. ?1 publication time, ?2 seqs. Only pending rows: marking twice changes nothing.
+UPDATE {{schema}}.outbox
+SET published_at = ?1, next_attempt_at = NULL, lease_owner = NULL, lease_until = NULL
+WHERE seq IN (?2) AND published_at IS NULL AND dead_lettered_at IS NULL
