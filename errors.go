@@ -107,3 +107,27 @@ func IsPermanent(err error) bool {
 	var p *permanentError
 	return errors.As(err, &p)
 }
+
+// fencedError marks an error as the program having been replaced by a newer instance of itself.
+type fencedError struct{ err error }
+
+func (e *fencedError) Error() string { return "fenced: " + e.err.Error() }
+func (e *fencedError) Unwrap() error { return e.err }
+
+// Fenced wraps err to say that a newer instance of the program took over what this one did and
+// the broker or database now refuses this one for good: a Kafka transactional relay whose
+// transactional id another relay of its group initialised since (Kafka's ProducerFenced). That is
+// not an outage: this instance must stop, and its successor carries on. The forwarder's Run
+// returns it. Fenced(nil) returns nil.
+func Fenced(err error) error {
+	if err == nil || IsFenced(err) {
+		return err
+	}
+	return &fencedError{err: err}
+}
+
+// IsFenced reports whether err, or an error it wraps, was marked with Fenced.
+func IsFenced(err error) bool {
+	var f *fencedError
+	return errors.As(err, &f)
+}

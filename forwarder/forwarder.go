@@ -47,6 +47,8 @@ func init() {
 			f.(*Forwarder).hooks.beforePublish = fn
 		case faults.AfterPublish:
 			f.(*Forwarder).hooks.afterPublish = fn
+		case faults.AfterCommit:
+			f.(*Forwarder).hooks.afterCommit = fn
 		}
 	}
 }
@@ -58,6 +60,7 @@ type Forwarder struct {
 	tracer  trace.Tracer
 	circuit *circuit
 	hooks   hooks
+	txn     txnState // a transactional publisher's (txn.go)
 
 	running     atomic.Bool
 	startedOnce sync.Once
@@ -121,6 +124,7 @@ func (f *Forwarder) passDone(published bool) {
 type hooks struct {
 	beforePublish func() error // an error here aborts the pass after claiming, before publishing
 	afterPublish  func() error // an error here aborts the pass before marking, as a crash would
+	afterCommit   func() error // transactional: after the broker committed, before marking
 }
 
 // Result says what one pass did.
@@ -153,6 +157,13 @@ func New(cfg Config) (*Forwarder, error) {
 		started: make(chan struct{}),
 	}
 	f.relay.started = cfg.Now()
+	if tp, ok := cfg.Publisher.(TransactionalPublisher); ok {
+		com, ok := store.CommitterOf(cfg.Store)
+		if !ok {
+			return nil, errNoCommitter
+		}
+		f.txn.pub, f.txn.com = tp, com
+	}
 	if err := cfg.Metrics.Attach(f); err != nil {
 		return nil, fmt.Errorf("forwarder metrics: %w", err)
 	}
@@ -183,6 +194,17 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 		limit, inFlight = 1, 1 // probe the broker with a single message
 	}
 
+	if f.txn.pub != nil {
+		// One transaction at a time, and none before the group's last one is recorded.
+		f.txn.mu.Lock()
+		defer f.txn.mu.Unlock()
+		if !f.txn.recovered {
+			if err := f.recoverTxn(ctx); err != nil {
+				return Result{}, err
+			}
+		}
+	}
+
 	// If this process stalls holding the rows, the store gives them to another relay.
 	claim, err := f.cfg.Store.Claim(ctx, store.ClaimParams{Now: now, Limit: limit, ParkKeyOnDeadLetter: f.cfg.ParkKeyOnDeadLetter,
 		Hold: f.cfg.PublishTimeout + 5*time.Second, Owner: f.owner, Relay: f.cfg.Name})
@@ -205,6 +227,19 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 			return Result{}, err
 		}
 	}
+	txnOpen := false
+	if f.txn.pub != nil {
+		if err := f.txn.pub.Begin(ctx); err != nil {
+			return Result{}, fmt.Errorf("forwarder %s: begin the pass's transaction: %w", f.cfg.Name, err)
+		}
+		txnOpen = true
+		defer func() {
+			if txnOpen { // a pass that ends early (a test's crash) aborts what it began
+				_ = f.txn.pub.Abort(context.WithoutCancel(ctx))
+				f.txn.recovered = false
+			}
+		}()
+	}
 	publishCtx, cancel := context.WithTimeout(ctx, f.cfg.PublishTimeout)
 	out := f.publishGroups(publishCtx, groupByKey(rows), inFlight)
 	cancel()
@@ -214,12 +249,27 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 			return Result{}, err
 		}
 	}
+	if f.txn.pub != nil {
+		var err error
+		txnOpen = false
+		if out, err = f.commitPass(ctx, out); err != nil {
+			return Result{}, fmt.Errorf("forwarder %s: %w", f.cfg.Name, err)
+		}
+		if f.hooks.afterCommit != nil && len(out.published) > 0 {
+			if err := f.hooks.afterCommit(); err != nil {
+				return Result{}, err
+			}
+		}
+	}
 
 	// Mark even when ctx has ended: what was published should not be published again.
 	markCtx, cancelMark := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancelMark()
 	outcome, dead := f.outcome(out)
 	if err := claim.Finish(markCtx, outcome); err != nil {
+		if f.txn.pub != nil && len(outcome.Published) > 0 {
+			f.txn.recovered = false // committed, not marked: the next pass marks them from the broker's record
+		}
 		return Result{}, err
 	}
 

@@ -98,6 +98,9 @@ func (f *Forwarder) Run(ctx context.Context) error {
 		idle := idleWait
 		idleWait = f.cfg.PollInterval
 		switch {
+		case err != nil && stopsRelay(err):
+			f.cfg.Logger.Error("Forwarder stopped: another relay of its group took over, or the group is not this outbox's", err, watermill.LogFields{"forwarder": f.cfg.Name})
+			return err
 		case err != nil:
 			dbFailures++
 			wait = f.cfg.CircuitBackoff.Delay(dbFailures)

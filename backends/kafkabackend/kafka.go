@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -37,17 +38,31 @@ func open(ctx context.Context, rawURL string, opts backends.Options) (backends.P
 		return backends.Parts{}, err
 	}
 	marshaler := kafkaMarshaler{wire: brokerio.NewWire(opts)}
-	pub, err := newKafkaPublisher(conn, marshaler, opts.Logger)
-	if err != nil {
-		return backends.Parts{}, err
+	var (
+		pub  message.Publisher
+		txn  *kafkaTxnProducer
+		perr error
+	)
+	if conn.txn.id != "" {
+		txn, perr = newKafkaTxnProducer(conn, marshaler, opts.Logger)
+		pub = txn
+	} else {
+		pub, perr = newKafkaPublisher(conn, marshaler, opts.Logger)
+	}
+	if perr != nil {
+		return backends.Parts{}, perr
 	}
 	// BoundedPublisher returns at the message context's end even for records already sent, whose
 	// acknowledgement franz-go waits for; Close waits for those calls.
 	bounded := &brokerio.BoundedPublisher{Publisher: pub, Classify: classifyKafka,
 		Ping: func(ctx context.Context) error { return pingKafka(ctx, conn) }}
+	var published message.Publisher = bounded
+	if txn != nil {
+		published = &kafkaTxnPublisher{BoundedPublisher: bounded, txn: txn}
+	}
 	klag := &kafkaLag{conn: conn}
 	return backends.Parts{
-		Publisher: bounded,
+		Publisher: published,
 		Lag:       klag.read,
 		NewSubscriber: func(group string) (backends.Subscriber, error) {
 			sub := &kafkaSubscriber{conn: conn, group: group, marshaler: marshaler,

@@ -34,6 +34,16 @@ type kafkaConn struct {
 	// readUncommitted: consumers read records of transactions not yet committed, and of aborted
 	// ones (isolation=read_uncommitted); by default they read only what was committed.
 	readUncommitted bool
+	// txn is the producer's transactions (transactional_id and what goes with it); its id is ""
+	// when the producer is idempotent only.
+	txn kafkaTxnConfig
+}
+
+// kafkaTxnConfig is a transactional producer's configuration, from a kafka:// URL.
+type kafkaTxnConfig struct {
+	id            string        // transactional_id: one per relay group (one outbox's relays)
+	progressTopic string        // progress_topic: where each transaction records the relay's progress
+	timeout       time.Duration // transaction_timeout: the broker aborts a transaction left open this long
 }
 
 // The SASL mechanisms a kafka:// URL can name with ?sasl=: those of managed Kafka services
@@ -48,7 +58,8 @@ const (
 var kafkaMechanisms = []string{saslPlain, saslScram256, saslScram512}
 
 // kafkaParams are the query parameters a kafka:// URL takes.
-var kafkaParams = []string{"tls", "tls_ca", "tls_cert", "tls_key", "tls_server_name", "sasl", "isolation"}
+var kafkaParams = []string{"tls", "tls_ca", "tls_cert", "tls_key", "tls_server_name", "sasl", "isolation",
+	"transactional_id", "progress_topic", "transaction_timeout"}
 
 // parseKafkaURL reads a kafka:// URL:
 //
@@ -61,6 +72,9 @@ var kafkaParams = []string{"tls", "tls_ca", "tls_cert", "tls_key", "tls_server_n
 //	                                                   SASL: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512
 //	kafka://host:9092?isolation=read_uncommitted       consumers read records of open and aborted
 //	                                                   transactions too (default: read_committed)
+//	kafka://host:9092?transactional_id=orders-relay    the producer publishes in transactions (see
+//	  &progress_topic=orders-relay.progress            transactionalPublisher); the topic defaults to
+//	  &transaction_timeout=30s                         outboxkit.progress.<transactional_id>
 //
 // The user and password are percent-encoded, as in any URL. Any tls_* parameter turns TLS on.
 // Whatever cannot work is refused here, with what to write instead: an unknown parameter, a
@@ -104,6 +118,9 @@ func parseKafkaURL(raw string) (kafkaConn, error) {
 		k.readUncommitted = true
 	default:
 		return kafkaConn{}, fmt.Errorf("isolation=%s: use isolation=read_committed (the default) or isolation=read_uncommitted", iso)
+	}
+	if k.txn, err = parseKafkaTxn(q); err != nil {
+		return kafkaConn{}, err
 	}
 	if u.User != nil {
 		k.user = u.User.Username()
@@ -226,4 +243,26 @@ func closedAtOnce(err error) bool {
 		return true
 	}
 	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)
+}
+
+// parseKafkaTxn reads the transactional parameters of a kafka:// URL.
+func parseKafkaTxn(q url.Values) (kafkaTxnConfig, error) {
+	c := kafkaTxnConfig{id: q.Get("transactional_id"), progressTopic: q.Get("progress_topic"), timeout: kafkaTxnTimeout}
+	if c.id == "" {
+		if q.Has("progress_topic") || q.Has("transaction_timeout") {
+			return kafkaTxnConfig{}, errors.New("progress_topic and transaction_timeout configure transactions: add transactional_id=<relay group> to the URL")
+		}
+		return c, nil
+	}
+	if c.progressTopic == "" {
+		c.progressTopic = "outboxkit.progress." + c.id
+	}
+	if v := q.Get("transaction_timeout"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil || d < time.Second || d > 15*time.Minute {
+			return kafkaTxnConfig{}, fmt.Errorf("transaction_timeout=%s: give a duration from 1s to 15m (Kafka's transaction.max.timeout.ms), such as 30s", v)
+		}
+		c.timeout = d
+	}
+	return c, nil
 }

@@ -10,6 +10,9 @@ const (
 	BeforePublish Point = iota
 	// AfterPublish is after publishing, before marking the rows published: a crash there.
 	AfterPublish
+	// AfterCommit is, with a transactional publisher, after the broker committed the pass's
+	// transaction, before marking its rows published.
+	AfterCommit
 )
 
 // Inject makes every pass of forwarder f (a *forwarder.Forwarder) call fn at point; an error from
