@@ -128,6 +128,13 @@ func (r *SourceRelay) PausesChanged() <-chan struct{} { return r.f.pausesChanged
 // round that publishes records itself.
 func (r *SourceRelay) IdlePass() { r.f.passDone(false) }
 
+// Transactions returns the forwarder's publisher when it is a TransactionalPublisher, nil
+// otherwise. A source that relays through one runs the transactions itself: it begins one, hands
+// its rows to PublishRows or PublishRow, and commits them with a progress record of its own, from
+// which, after Recover, it knows what the broker already committed. The forwarder begins none for
+// a source.
+func (r *SourceRelay) Transactions() TransactionalPublisher { return r.f.txn.pub }
+
 // publishSource is PublishRows, and with lone PublishRow.
 func (f *Forwarder) publishSource(ctx context.Context, rows []store.OutboxRow, lone bool) Delivery {
 	inFlight := f.cfg.MaxInFlight
