@@ -124,6 +124,18 @@ type Config struct {
 	// refuses the relay's credentials. Default DefaultCircuitBackoff.
 	CircuitBackoff Backoff
 
+	// TransactionInterval spaces the transactions of a relay whose Publisher is a
+	// TransactionalPublisher: a pass that published rows and found no full batch waits until
+	// TransactionInterval after its start before the next pass begins, however soon writers wake
+	// it, so that rows committed meanwhile go in one transaction. Each transaction costs the
+	// broker a commit — a marker written to every partition it touched, which read_committed
+	// consumers wait for — so a longer interval means fewer, larger transactions and fewer
+	// markers, at the price of up to TransactionInterval more from the writer's commit to the
+	// moment a read_committed consumer can see the row. A backlog (full passes) goes back to back
+	// regardless. Ignored without a transactional publisher. Default 0: a pass runs as soon as
+	// writers wake the relay.
+	TransactionInterval time.Duration
+
 	// PublishTimeout bounds the publishing phase of one pass, confirms included, and so how long
 	// claimed rows stay locked. A publish still waiting when it ends counts as the broker unreachable.
 	// Default 10s.
@@ -281,6 +293,9 @@ func (c Config) validate() error {
 		}
 	}
 	positiveDur("PollInterval", c.PollInterval)
+	if c.TransactionInterval < 0 {
+		errs = append(errs, fmt.Errorf("TransactionInterval must be 0 (off) or positive, got %s", c.TransactionInterval))
+	}
 	if c.IdlePollInterval != 0 && c.IdlePollInterval < c.PollInterval {
 		errs = append(errs, fmt.Errorf("IdlePollInterval must be 0 (off) or at least PollInterval (%s), got %s",
 			c.PollInterval, c.IdlePollInterval))

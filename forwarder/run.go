@@ -83,9 +83,23 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	dbFailures := 0
 	var aw awakeState
 	idleWait := f.cfg.PollInterval // the wait after the next empty pass (IdlePollInterval)
+	var notBefore time.Time // TransactionInterval: the next transactional pass starts no sooner
 	for {
+		if wait := time.Until(notBefore); wait > 0 {
+			timer := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+			case <-timer.C:
+			}
+			timer.Stop()
+		}
 		probing := f.circuit.isOpen() // a pass of an open circuit publishes one row at most
+		passStart := time.Now()
 		res, err := f.DispatchBatch(ctx)
+		notBefore = time.Time{}
+		if f.txn.pub != nil && res.Published > 0 && res.Claimed < f.cfg.BatchSize {
+			notBefore = passStart.Add(f.cfg.TransactionInterval)
+		}
 		if ctx.Err() != nil {
 			f.cfg.Logger.Info("Forwarder stopped", watermill.LogFields{"forwarder": f.cfg.Name})
 			return nil

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -37,6 +38,9 @@ func TestParseKafkaURL_RefusesWhatCannotWorkAndSaysWhatToWrite(t *testing.T) {
 		{"kafka://h:9092?tls_cert=" + notPEM, "a client certificate needs both tls_cert and tls_key"},
 		{"kafka://h:9092?tls_cert=" + notPEM + "&tls_key=" + notPEM, "tls_cert, tls_key: "},
 		{"kafka://h:9092?isolation=committed", "isolation=committed: use isolation=read_committed (the default) or isolation=read_uncommitted"},
+		{"kafka://h:9092?progress_topic=p", "progress_topic and transaction_timeout configure transactions: add transactional_id=<relay group>"},
+		{"kafka://h:9092?transactional_id=r&transaction_timeout=5", "transaction_timeout=5: give a duration from 1s to 15m"},
+		{"kafka://h:9092?transactional_id=r&transaction_timeout=1h", "transaction_timeout=1h: give a duration from 1s to 15m"},
 	} {
 		_, err := parseKafkaURL(tc.url)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -53,6 +57,16 @@ func TestParseKafkaURL_RefusesWhatCannotWorkAndSaysWhatToWrite(t *testing.T) {
 		"kafka://h:9092?isolation=read_uncommitted": true} {
 		if k, err := parseKafkaURL(url); err != nil || k.readUncommitted != uncommitted || (k.isolation() == kgo.ReadCommitted()) == uncommitted {
 			t.Errorf("%s: read uncommitted %v (%v); want %v", url, k.readUncommitted, err, uncommitted)
+		}
+	}
+
+	for url, want := range map[string]kafkaTxnConfig{
+		"kafka://h:9092":                    {timeout: kafkaTxnTimeout},
+		"kafka://h:9092?transactional_id=r": {id: "r", progressTopic: "outboxkit.progress.r", timeout: kafkaTxnTimeout},
+		"kafka://h:9092?transactional_id=r&progress_topic=p&transaction_timeout=30s": {id: "r", progressTopic: "p", timeout: 30 * time.Second},
+	} {
+		if k, err := parseKafkaURL(url); err != nil || k.txn != want {
+			t.Errorf("%s: transactions %+v (%v); want %+v", url, k.txn, err, want)
 		}
 	}
 

@@ -1,0 +1,95 @@
+package forwarder_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/internal/testenv"
+)
+
+// txnBroker is a broker with transactions, in memory, that records when each commit came.
+type txnBroker struct {
+	mu       sync.Mutex
+	open     int
+	commits  []time.Time
+	rows     int // committed
+	progress []byte
+}
+
+func (b *txnBroker) Publish(string, ...*message.Message) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.open++
+	return nil
+}
+func (b *txnBroker) Close() error                            { return nil }
+func (b *txnBroker) Recover(context.Context) ([]byte, error) { return b.progress, nil }
+func (b *txnBroker) Begin(context.Context) error             { return nil }
+func (b *txnBroker) Abort(context.Context) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.open = 0
+	return nil
+}
+
+func (b *txnBroker) Commit(_ context.Context, progress []byte) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.rows += b.open
+	b.open, b.progress = 0, progress
+	b.commits = append(b.commits, time.Now())
+	return nil
+}
+
+func (b *txnBroker) committed() (rows int, commits []time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.rows, append([]time.Time(nil), b.commits...)
+}
+
+// TransactionInterval spaces a transactional relay's transactions however often writers wake it:
+// rows committed meanwhile go together in the next one.
+func TestTransactionInterval_SpacesTransactionsUnderWakeUps(t *testing.T) {
+	const interval = 300 * time.Millisecond
+	st := &pollStore{Store: openOutbox(t, 0), waking: true}
+	broker := &txnBroker{}
+	f, err := forwarder.New(forwarder.Config{Store: st, Publisher: broker, TransactionInterval: interval})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	<-f.Running()
+	const rows = 12
+	for range rows { // a row and a wake-up every 50ms: 0.6s of them
+		writeRow(t, st.Store)
+		st.Wake()
+		time.Sleep(50 * time.Millisecond) //nolint:forbidigo // the writers' pace, not a wait for the relay
+	}
+	if !testenv.Within(10*time.Second, func() bool { n, _ := broker.committed(); return n == rows }) {
+		n, _ := broker.committed()
+		t.Fatalf("%d of %d rows committed", n, rows)
+	}
+	_, commits := broker.committed()
+	for i := 1; i < len(commits); i++ {
+		if gap := commits[i].Sub(commits[i-1]); gap < interval*9/10 {
+			t.Errorf("commit %d came %s after the one before, want at least TransactionInterval (%s)", i, gap, interval)
+		}
+	}
+	t.Logf("%d rows woken one by one went in %d transactions", rows, len(commits))
+	if len(commits) > rows/2 {
+		t.Errorf("%d transactions for %d rows 50ms apart with TransactionInterval %s: the interval does not gather them", len(commits), rows, interval)
+	}
+}
