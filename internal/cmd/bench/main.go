@@ -2,7 +2,7 @@
 // against the local Postgres and RabbitMQ. Every figure is the median of several repetitions;
 // every comparison is a ratio of two figures measured in the same round.
 //
-//	go run ./internal/cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|idle|console|log|fleet|all] [--reps 3]
+//	go run ./internal/cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|idle|console|log|fleet|kafka-txn|all] [--reps 3]
 //	                            [--store postgres|mysql|sqlite] (the drain and write scenarios' store)
 //	                            [--json bench-results/bench.json] [--compare an-earlier-run.json]
 package main
@@ -167,7 +167,7 @@ func run(ctx context.Context, c config) error {
 	var results []series
 	ran := false
 	for _, sc := range scenarios {
-		if c.scenario != sc.name && (c.scenario != "all" || sc.name == "e2e-max" || sc.name == "console" || sc.name == "log" || sc.name == "fleet") { // e2e runs the search too; console builds 10 M rows; fleet, a database
+		if c.scenario != sc.name && (c.scenario != "all" || sc.name == "e2e-max" || sc.name == "console" || sc.name == "log" || sc.name == "fleet" || sc.name == "kafka-txn") { // e2e runs the search too; console builds 10 M rows; fleet, a database
 			continue
 		}
 		ran = true
@@ -220,6 +220,7 @@ var scenarios = []struct {
 	{"console", benchConsole},
 	{"log", benchLog},
 	{"fleet", benchFleet},
+	{"kafka-txn", benchKafkaTxn},
 }
 
 var scenarioNames = func() []string {
