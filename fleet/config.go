@@ -193,6 +193,11 @@ func (c Config) validate() (store.FleetControl, error) {
 	if c.Open == nil {
 		errs = append(errs, errors.New("field Open is required: pass fleetstores.Opener(), or an Opener of your own"))
 	}
+	if _, ok := c.Publisher.(forwarder.TransactionalPublisher); ok {
+		// One transactional id is one relay group: it cannot be shared by every outbox.
+		errs = append(errs, errors.New("field Publisher is transactional (a kafka:// URL with transactional_id): a fleet shares one publisher "+
+			"between all its outboxes, and a transactional id belongs to one outbox; drop transactional_id, or run that outbox's relay on its own"))
+	}
 	if c.Publisher == nil {
 		errs = append(errs, errors.New("field Publisher is required: pass the broker publisher every outbox publishes to (see package backends)"))
 	}

@@ -63,6 +63,7 @@ func TestNew_RefusesABadConfigAndSaysWhy(t *testing.T) {
 		"Forwarder.Store, Forwarder.Publisher and Forwarder.Name are set for each outbox": {Forwarder: forwarder.Config{Name: "x"}},
 		"field Forwarder: forwarder config: BatchSize must be at least 1":                 {Forwarder: forwarder.Config{BatchSize: -1}},
 		"IdlePollInterval must be 0 (off) or at least PollInterval":                       {Forwarder: forwarder.Config{PollInterval: time.Second, IdlePollInterval: time.Millisecond}},
+		"a transactional id belongs to one outbox":                                        {Publisher: transactionalPublisher{}},
 	} {
 		if _, err := fleet.New(ok(c)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("got %v, want an error saying %q", err, want)
@@ -149,4 +150,9 @@ func exec(t *testing.T, db *sql.DB, query string) {
 	if _, err := db.Exec(query); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// transactionalPublisher is a publisher with Kafka-like transactions, which a fleet refuses.
+type transactionalPublisher struct {
+	forwarder.TransactionalPublisher
 }

@@ -73,3 +73,47 @@ func ExampleFleetControlOf() {
 	// b: true member-b 2
 	// a renews: 0
 }
+
+// A transactional relay's recovery: the broker's record says rows 1 and 2 were committed, and the
+// relay that committed them died before it marked them. Marking twice changes nothing.
+func ExampleCommitterOf() {
+	dir, _ := os.MkdirTemp("", "example")
+	defer os.RemoveAll(dir)
+	ctx := context.Background()
+	db, err := store.Open(ctx, "sqlite://"+filepath.Join(dir, "orders.db"), store.OpenOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Migrate(ctx); err != nil {
+		log.Fatal(err)
+	}
+	tx, err := db.SQL.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := db.UnwrapTx(tx).InsertOutbox(ctx, []store.OutboxMessage{
+		{UUID: "e-1", Topic: "orders", Payload: []byte(`{}`), Metadata: []byte(`{}`)},
+		{UUID: "e-2", Topic: "orders", Payload: []byte(`{}`), Metadata: []byte(`{}`)},
+		{UUID: "e-3", Topic: "orders", Payload: []byte(`{}`), Metadata: []byte(`{}`)},
+	}); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
+	com, ok := store.CommitterOf(db)
+	if !ok {
+		log.Fatal("this store cannot mark committed rows")
+	}
+	n, _ := com.MarkCommitted(ctx, []int64{1, 2}, time.Now(), false)
+	fmt.Println("marked:", n)
+	n, _ = com.MarkCommitted(ctx, []int64{1, 2}, time.Now(), false)
+	fmt.Println("again:", n)
+	st, _ := db.OutboxStats(ctx, time.Now())
+	fmt.Println("pending:", st.Pending)
+	// Output:
+	// marked: 2
+	// again: 0
+	// pending: 1
+}
