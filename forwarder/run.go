@@ -83,7 +83,7 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	dbFailures := 0
 	var aw awakeState
 	idleWait := f.cfg.PollInterval // the wait after the next empty pass (IdlePollInterval)
-	var notBefore time.Time // TransactionInterval: the next transactional pass starts no sooner
+	var notBefore time.Time        // TransactionInterval: the next transactional pass starts no sooner
 	for {
 		if wait := time.Until(notBefore); wait > 0 {
 			timer := time.NewTimer(wait)
