@@ -28,6 +28,19 @@ type Metrics interface {
 	CircuitChanged(state CircuitState)
 }
 
+// TransactionMetrics is what Metrics may also receive from a relay whose Publisher is a
+// TransactionalPublisher (prom.ForwarderMetrics does). With transactions, Published counts rows the
+// broker acknowledged in a transaction, visible to read_committed consumers only once it commits.
+type TransactionMetrics interface {
+	// TransactionEnded is called for each transaction a pass ended, with its rows: outcome
+	// "committed", "aborted" (a row failed, the broker went away, or nothing was published),
+	// "unknown" (the commit failed: the next pass asks the broker) or "fenced".
+	TransactionEnded(outcome string, rows int)
+	// Recovered is called with the rows a relay marked published from its group's last committed
+	// transaction, which the relay that committed it did not live to mark.
+	Recovered(rows int)
+}
+
 // nopMetrics is the Metrics of a forwarder given none.
 type nopMetrics struct{}
 

@@ -132,6 +132,9 @@ func (f *Forwarder) recoverTxn(ctx context.Context) error {
 		return err
 	}
 	f.txn.recovered = true
+	if tm, ok := f.cfg.Metrics.(TransactionMetrics); ok && marked > 0 {
+		tm.Recovered(marked)
+	}
 	if marked > 0 {
 		f.cfg.Logger.Info("Transactional relay recorded the rows its group's last transaction committed", watermill.LogFields{
 			"forwarder": f.cfg.Name, "rows": marked,
@@ -152,6 +155,7 @@ func (f *Forwarder) commitPass(ctx context.Context, out outcome) (outcome, error
 		// aborted it.
 		_ = f.txn.pub.Abort(ctx)
 		f.txn.recovered = false
+		f.txnEnded("fenced", len(out.published))
 		return releasePublished(out), fenced
 	}
 	if len(out.published) == 0 || len(out.failed) > 0 || out.unreachable != nil {
@@ -162,6 +166,7 @@ func (f *Forwarder) commitPass(ctx context.Context, out outcome) (outcome, error
 			}
 			f.cfg.Logger.Error("Cannot abort the pass's transaction", err, watermill.LogFields{"forwarder": f.cfg.Name})
 		}
+		f.txnEnded("aborted", len(out.published))
 		return releasePublished(out), nil
 	}
 	seqs := make([]int64, len(out.published))
@@ -175,16 +180,26 @@ func (f *Forwarder) commitPass(ctx context.Context, out outcome) (outcome, error
 	}
 	if err := f.txn.pub.Commit(ctx, progress); err != nil {
 		f.txn.recovered = false // whether it committed, only the broker knows: the next pass asks
+		rows := len(out.published)
 		out = releasePublished(out)
 		if outboxkit.IsFenced(err) {
+			f.txnEnded("fenced", rows)
 			return out, err
 		}
+		f.txnEnded("unknown", rows)
 		if out.unreachable == nil {
 			out.unreachable = err
 		}
 		return out, nil
 	}
+	f.txnEnded("committed", len(out.published))
 	return out, nil
+}
+
+func (f *Forwarder) txnEnded(outcome string, rows int) {
+	if tm, ok := f.cfg.Metrics.(TransactionMetrics); ok {
+		tm.TransactionEnded(outcome, rows)
+	}
 }
 
 // fenced returns the first error of the pass that says the publisher is fenced, if any.

@@ -7,9 +7,11 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/prom"
 )
 
 // txnBroker is a broker with transactions, in memory, that records when each commit came.
@@ -58,7 +60,9 @@ func TestTransactionInterval_SpacesTransactionsUnderWakeUps(t *testing.T) {
 	const interval = 300 * time.Millisecond
 	st := &pollStore{Store: openOutbox(t, 0), waking: true}
 	broker := &txnBroker{}
-	f, err := forwarder.New(forwarder.Config{Store: st, Publisher: broker, TransactionInterval: interval})
+	reg := prometheus.NewRegistry()
+	f, err := forwarder.New(forwarder.Config{Store: st, Publisher: broker, TransactionInterval: interval,
+		Metrics: prom.NewForwarderMetrics(reg)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +93,33 @@ func TestTransactionInterval_SpacesTransactionsUnderWakeUps(t *testing.T) {
 		}
 	}
 	t.Logf("%d rows woken one by one went in %d transactions", rows, len(commits))
+	if n := counterValue(t, reg, "outboxkit_forwarder_transactions_total", "committed"); int(n) != len(commits) {
+		t.Errorf("outboxkit_forwarder_transactions_total{outcome=committed} = %v, want %d", n, len(commits))
+	}
 	if len(commits) > rows/2 {
 		t.Errorf("%d transactions for %d rows 50ms apart with TransactionInterval %s: the interval does not gather them", len(commits), rows, interval)
 	}
+}
+
+// counterValue reads the counter name{outcome} from reg.
+func counterValue(t *testing.T, reg *prometheus.Registry, name, outcome string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == outcome {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	t.Fatalf("no series %s{outcome=%q}", name, outcome)
+	return 0
 }

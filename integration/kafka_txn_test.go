@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
@@ -23,6 +24,7 @@ import (
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/faults"
 	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/prom"
 )
 
 // The transactional relay's proof: relay processes killed with SIGKILL at random points — before
@@ -445,4 +447,58 @@ func withQuery(url, param string) string {
 		return url + "&" + param
 	}
 	return url + "?" + param
+}
+
+// The broker cut off mid-drain, many times: a transactional relay's commits fail or their answers
+// are lost, it asks the broker what its group last committed when the broker answers again (from
+// a new client), and a read_committed consumer still reads each event once, in each key's order.
+func TestKafkaTxn_BrokerCutOffMidDrainNothingTwice(t *testing.T) {
+	t.Parallel()
+	proxy, url := kafkaBehindProxy(t)
+	pg := testenv.NewPG(t)
+	db := pgDB(pg)
+	topic := testenv.UniqueName(t, "cut") + ".placed"
+	createKafkaTopic(t, url, topic, 4)
+	const nKeys, perKey = 30, 100
+	writeEvents(t, db, topic, keys(nKeys), perKey)
+	b := openBackend(t, withQuery(url, "transactional_id="+testenv.UniqueName(t, "relay")), kafkaOpts)
+	reg := prometheus.NewRegistry()
+	relay := newRelay(t, db, b.Publisher, func(c *forwarder.Config) {
+		c.BatchSize, c.PublishTimeout = 50, 2*time.Second
+		c.CircuitWatch = 50 * time.Millisecond
+		c.Metrics = prom.NewForwarderMetrics(reg)
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- relay.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("relay: %v", err)
+		}
+	}()
+	published := func() int { return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE published_at IS NOT NULL`) }
+	for cut := 1; cut <= 4; cut++ {
+		before := published()
+		if before == nKeys*perKey {
+			break
+		}
+		testenv.Eventually(t, 60*time.Second, "the relay to publish more", func() bool { return published() > before })
+		proxy.Cut()
+		<-time.After(500 * time.Millisecond) //nolint:forbidigo // the outage's length
+		proxy.Restore()
+	}
+	testenv.Eventually(t, 2*time.Minute, "every row to be published", func() bool { return published() == nKeys*perKey })
+	recs := readCommitted(t, url, topic, nKeys*perKey)
+	if d := checkExactlyOnce(recs, nKeys, perKey); d.err != nil {
+		t.Fatalf("read_committed after outages: %v", d.err)
+	}
+	outcomes := map[string]float64{}
+	for _, o := range []string{"committed", "aborted", "unknown"} {
+		outcomes[o] = metricValue(t, reg, "outboxkit_forwarder_transactions_total", map[string]string{"outcome": o})
+	}
+	t.Logf("transactions: %v", outcomes)
+	if outcomes["aborted"]+outcomes["unknown"] == 0 {
+		t.Fatal("no cut-off hit a transaction: the test proves nothing")
+	}
 }

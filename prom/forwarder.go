@@ -22,6 +22,9 @@ import (
 //	outboxkit_forwarder_circuit_state                     0 closed, 1 open, 2 half-open
 //	outboxkit_forwarder_last_pass_timestamp_seconds       the last completed pass
 //	outboxkit_forwarder_last_publish_timestamp_seconds    the last pass that published a row
+//	outboxkit_forwarder_transactions_total{outcome}       a transactional relay's transactions: committed, aborted, unknown, fenced
+//	outboxkit_forwarder_transaction_rows_total{outcome}   their rows
+//	outboxkit_forwarder_recovered_rows_total              rows marked from the group's last committed transaction at a relay's start
 //	outboxkit_outbox_pending, _oldest_pending_age_seconds, _dead_lettered, _oldest_dead_lettered_age_seconds
 //	                                                      the outbox's backlog, read from the store at scrape time
 type ForwarderMetrics struct {
@@ -37,9 +40,14 @@ type ForwarderMetrics struct {
 	latency, attempts       prometheus.Histogram
 	circuit                 prometheus.Gauge
 	lastPass, lastPublish   prometheus.Gauge
+	txns, txnRows           *prometheus.CounterVec
+	recovered               prometheus.Counter
 }
 
-var _ forwarder.Metrics = (*ForwarderMetrics)(nil)
+var (
+	_ forwarder.Metrics            = (*ForwarderMetrics)(nil)
+	_ forwarder.TransactionMetrics = (*ForwarderMetrics)(nil)
+)
 
 // NewForwarderMetrics returns the metrics of one forwarder, registered in reg when the forwarder
 // is made (forwarder.New fails if they cannot be). A nil reg means prometheus.DefaultRegisterer.
@@ -86,6 +94,12 @@ func (m *ForwarderMetrics) Attach(f *forwarder.Forwarder) error {
 		"Unix time of the last completed pass, whether or not it found rows.")))
 	m.lastPublish = prometheus.NewGauge(prometheus.GaugeOpts(opts("last_publish_timestamp_seconds",
 		"Unix time of the last pass that published at least one row.")))
+	m.txns = prometheus.NewCounterVec(prometheus.CounterOpts(opts("transactions_total",
+		"A transactional relay's broker transactions, by outcome: committed, aborted, unknown (the commit failed), fenced.")), []string{"outcome"})
+	m.txnRows = prometheus.NewCounterVec(prometheus.CounterOpts(opts("transaction_rows_total",
+		"Rows of a transactional relay's transactions, by the transaction's outcome.")), []string{"outcome"})
+	m.recovered = prometheus.NewCounter(prometheus.CounterOpts(opts("recovered_rows_total",
+		"Rows a transactional relay marked published from its group's last committed transaction, which the relay that committed it did not live to mark.")))
 	var err error
 	register(m.reg, &m.published, &err)
 	register(m.reg, &m.failures, &err)
@@ -95,6 +109,11 @@ func (m *ForwarderMetrics) Attach(f *forwarder.Forwarder) error {
 	register(m.reg, &m.circuit, &err)
 	register(m.reg, &m.lastPass, &err)
 	register(m.reg, &m.lastPublish, &err)
+	if _, ok := cfg.Publisher.(forwarder.TransactionalPublisher); ok {
+		register(m.reg, &m.txns, &err)
+		register(m.reg, &m.txnRows, &err)
+		register(m.reg, &m.recovered, &err)
+	}
 	if !m.noBacklog {
 		var backlog prometheus.Collector = &backlogCollector{f: f, labels: prometheus.Labels{"schema": schema}}
 		register(m.reg, &backlog, &err)
@@ -131,6 +150,13 @@ func (m *ForwarderMetrics) PassDone(at time.Time, published bool) {
 		m.lastPublish.Set(now)
 	}
 }
+
+func (m *ForwarderMetrics) TransactionEnded(outcome string, rows int) {
+	m.txns.WithLabelValues(outcome).Inc()
+	m.txnRows.WithLabelValues(outcome).Add(float64(rows))
+}
+
+func (m *ForwarderMetrics) Recovered(rows int) { m.recovered.Add(float64(rows)) }
 
 func (m *ForwarderMetrics) CircuitChanged(state forwarder.CircuitState) {
 	m.circuit.Set(float64(state))

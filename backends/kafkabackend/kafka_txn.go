@@ -42,7 +42,7 @@ var kafkaFencedCodes = []*kerr.Error{kerr.ProducerFenced, kerr.InvalidProducerEp
 // which return errors marked outboxkit.Fenced.
 type kafkaTxnProducer struct {
 	conn      kafkaConn
-	cl        *kgo.Client
+	cl        atomic.Pointer[kgo.Client] // replaced by Recover, under mu
 	marshaler kafkaMarshaler
 	logger    watermill.LoggerAdapter
 
@@ -50,6 +50,8 @@ type kafkaTxnProducer struct {
 	// one transaction at a time.
 	mu   sync.Mutex
 	open atomic.Bool // a transaction begun by Begin is open
+	// recovered: Recover ran once (under mu); the next one starts from a new client.
+	recovered bool
 	// gone is the broker's answer that fenced this producer: it sends nothing more, not even an
 	// abort (on kfake an abort after the fence would take the successor's epoch).
 	gone atomic.Pointer[error]
@@ -65,7 +67,9 @@ func newKafkaTxnProducer(conn kafkaConn, marshaler kafkaMarshaler, logger waterm
 	if err != nil {
 		return nil, fmt.Errorf("kafka transactional publisher: %w", err)
 	}
-	return &kafkaTxnProducer{conn: conn, cl: cl, marshaler: marshaler, logger: logger}, nil
+	p := &kafkaTxnProducer{conn: conn, marshaler: marshaler, logger: logger}
+	p.cl.Store(cl)
+	return p, nil
 }
 
 // fenced marks err as outboxkit.Fenced when the broker's answer says another producer took the
@@ -89,11 +93,29 @@ func (p *kafkaTxnProducer) fenced(err error) error {
 // the transaction it left open, which the broker has done once this returns), then reads the
 // progress the last committed transaction carried: nil when none did. It creates the progress
 // topic when it is missing.
+//
+// Every Recover but the first starts from a new client: the forwarder recovers again after a
+// commit whose outcome it does not know, or a mark that failed, and a franz-go client whose
+// producer id failed keeps the error; a new one initialises the id afresh (aborting whatever this
+// producer may still have open).
 func (p *kafkaTxnProducer) Recover(ctx context.Context) ([]byte, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	if err := p.ensureProgressTopic(ctx); err != nil {
 		return nil, err
 	}
-	if _, _, err := p.cl.ProducerID(ctx); err != nil {
+	if p.recovered {
+		if gone := p.gone.Load(); gone != nil {
+			return nil, *gone
+		}
+		cl, err := kgo.NewClient(p.client().Opts()...)
+		if err != nil {
+			return nil, fmt.Errorf("kafka transactional publisher: %w", err)
+		}
+		p.cl.Swap(cl).Close()
+	}
+	p.recovered = true
+	if _, _, err := p.client().ProducerID(ctx); err != nil {
 		return nil, p.fenced(fmt.Errorf("kafka: initialise transactional_id %s: %w", p.conn.txn.id, err))
 	}
 	return p.lastProgress(ctx)
@@ -203,7 +225,7 @@ func (p *kafkaTxnProducer) Begin(ctx context.Context) error {
 		p.mu.Unlock()
 		return *gone
 	}
-	if err := p.cl.BeginTransaction(); err != nil {
+	if err := p.client().BeginTransaction(); err != nil {
 		p.mu.Unlock()
 		return p.fenced(fmt.Errorf("kafka: begin a transaction: %w", err))
 	}
@@ -246,7 +268,7 @@ func (p *kafkaTxnProducer) inTxn() bool {
 }
 
 func (p *kafkaTxnProducer) produce(ctx context.Context, topic string, recs []*kgo.Record) error {
-	if err := p.cl.ProduceSync(ctx, recs...).FirstErr(); err != nil {
+	if err := p.client().ProduceSync(ctx, recs...).FirstErr(); err != nil {
 		return p.fenced(fmt.Errorf("kafka publisher: publish to %s: %w", topic, err))
 	}
 	return nil
@@ -260,14 +282,14 @@ func (p *kafkaTxnProducer) Commit(ctx context.Context, progress []byte) error {
 	defer p.end()
 	if progress != nil {
 		rec := &kgo.Record{Topic: p.conn.txn.progressTopic, Key: []byte(p.conn.txn.id), Value: progress}
-		if err := p.cl.ProduceSync(ctx, rec).FirstErr(); err != nil {
+		if err := p.client().ProduceSync(ctx, rec).FirstErr(); err != nil {
 			return p.abortAfter(ctx, fmt.Errorf("kafka: write the relay's progress to %s: %w", p.conn.txn.progressTopic, err))
 		}
 	}
-	if err := p.cl.Flush(ctx); err != nil {
+	if err := p.client().Flush(ctx); err != nil {
 		return p.abortAfter(ctx, fmt.Errorf("kafka: flush the transaction: %w", err))
 	}
-	if err := p.cl.EndTransaction(ctx, kgo.TryCommit); err != nil {
+	if err := p.client().EndTransaction(ctx, kgo.TryCommit); err != nil {
 		return p.abortAfter(ctx, fmt.Errorf("kafka: commit the transaction: %w", err))
 	}
 	return nil
@@ -300,14 +322,16 @@ func (p *kafkaTxnProducer) abort(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	ctx, cancel := context.WithTimeout(ctx, kafkaFlushTimeout)
 	defer cancel()
-	if err := p.cl.AbortBufferedRecords(ctx); err != nil {
+	if err := p.client().AbortBufferedRecords(ctx); err != nil {
 		return fmt.Errorf("kafka: abort the transaction's buffered records: %w", err)
 	}
-	if err := p.cl.EndTransaction(ctx, kgo.TryAbort); err != nil {
+	if err := p.client().EndTransaction(ctx, kgo.TryAbort); err != nil {
 		return p.fenced(fmt.Errorf("kafka: abort the transaction: %w", err))
 	}
 	return nil
 }
+
+func (p *kafkaTxnProducer) client() *kgo.Client { return p.cl.Load() }
 
 func (p *kafkaTxnProducer) end() {
 	p.open.Store(false)
@@ -317,7 +341,7 @@ func (p *kafkaTxnProducer) end() {
 // Close aborts nothing it has not already ended and closes the client: a transaction still open
 // is aborted by the broker (by the next producer of the id, or at transaction_timeout).
 func (p *kafkaTxnProducer) Close() error {
-	p.closeOnce.Do(func() { p.cl.Close() })
+	p.closeOnce.Do(func() { p.client().Close() })
 	return nil
 }
 
