@@ -32,6 +32,11 @@ func (f *Forwarder) Run(ctx context.Context) error {
 	if err := f.checkAtStart(ctx); err != nil {
 		return err
 	}
+	release, err := f.claimTxnPublisher()
+	if err != nil {
+		return err
+	}
+	defer release()
 
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -29,7 +30,9 @@ import (
 // The transactional id names a relay group — the relays of one outbox, one of which publishes at
 // a time: Recover fences every earlier relay of the group, whose publishes and commits fail from
 // then on with errors marked outboxkit.Fenced, and Run returns such an error. Relays standing by
-// wait for it with a lease of their own (package fleet is one) or a supervisor's restart.
+// wait for it with a supervisor's restart. A publisher serves one forwarder: Run refuses one that
+// another forwarder's Run relays through, since the progress its transactions carry is that
+// forwarder's.
 type TransactionalPublisher interface {
 	message.Publisher
 	// Recover takes the relay group for this publisher — the broker aborts the transaction an
@@ -221,6 +224,25 @@ func releasePublished(out outcome) outcome {
 	out.released += len(out.published)
 	out.published = nil
 	return out
+}
+
+// txnRelays are the transactional publishers a Run relays through, each to its forwarder: a
+// relay group's progress is one forwarder's, so two forwarders may not share a publisher.
+var txnRelays sync.Map // TransactionalPublisher → *Forwarder
+
+// claimTxnPublisher makes f the one forwarder running on its transactional publisher, until the
+// returned release; an error when another forwarder runs on it.
+func (f *Forwarder) claimTxnPublisher() (release func(), err error) {
+	pub := f.txn.pub
+	if pub == nil || !reflect.TypeOf(pub).Comparable() {
+		return func() {}, nil
+	}
+	if prev, loaded := txnRelays.LoadOrStore(pub, f); loaded && prev != f {
+		return nil, fmt.Errorf("forwarder %s: its transactional publisher is already relaying for forwarder %s: the progress a transaction "+
+			"carries is one forwarder's, so each forwarder needs a publisher of its own, and each outbox a transactional id of its own",
+			f.cfg.Name, prev.(*Forwarder).cfg.Name)
+	}
+	return func() { txnRelays.CompareAndDelete(pub, f) }, nil
 }
 
 // errNoCommitter refuses a transactional publisher on a store that cannot mark rows by seq.

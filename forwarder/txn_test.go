@@ -2,6 +2,7 @@ package forwarder_test
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -122,4 +123,39 @@ func counterValue(t *testing.T, reg *prometheus.Registry, name, outcome string) 
 	}
 	t.Fatalf("no series %s{outcome=%q}", name, outcome)
 	return 0
+}
+
+// Two forwarders may not relay through one transactional publisher: the progress its transactions
+// carry is one forwarder's. The second Run refuses at once and says so.
+func TestRun_RefusesATransactionalPublisherAnotherForwarderRuns(t *testing.T) {
+	st := openOutbox(t, 0)
+	broker := &txnBroker{}
+	first, err := forwarder.New(forwarder.Config{Store: st, Publisher: broker, Name: "first"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := forwarder.New(forwarder.Config{Store: st, Publisher: broker, Name: "second"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- first.Run(ctx) }()
+	<-first.Running()
+	err = second.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "already relaying for forwarder first") {
+		t.Errorf("the second Run returned %v, want a refusal naming the first", err)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	// Once the first has stopped, another may take the publisher.
+	ctx2, cancel2 := context.WithCancel(context.Background())
+	go func() { done <- second.Run(ctx2) }()
+	<-second.Running()
+	cancel2()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
 }
