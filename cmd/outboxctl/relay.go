@@ -20,12 +20,15 @@ import (
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/fleet"
 	"github.com/outboxkit/outboxkit/fleet/fleetstores"
+	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/forwarder/pglog"
 	"github.com/outboxkit/outboxkit/prom"
 	"github.com/outboxkit/outboxkit/store"
 )
 
 // relayCmd runs one member of a relay fleet until SIGTERM or SIGINT: `outboxctl relay --fleet
-// NAME --coordination URL --broker URL --tenants FILE`.
+// NAME --coordination URL --broker URL --tenants FILE`; without --fleet and a catalog, the relay
+// of the one outbox of --db (runOne).
 func (e *env) relayCmd(ctx context.Context, args []string) error {
 	fs := e.flags("relay")
 	fleetName := fs.String("fleet", os.Getenv("OUTBOXKIT_FLEET"), "the fleet's name: members of one fleet share its outboxes (env OUTBOXKIT_FLEET)")
@@ -40,8 +43,21 @@ func (e *env) relayCmd(ctx context.Context, args []string) error {
 	addr := fs.String("addr", "", "serve /metrics, /healthz and /readyz on this address (:9090); default none")
 	leaseTTL := fs.Duration("lease-ttl", fleet.DefaultLeaseTTL, "the term of the member's heartbeat and leases: a member silent this long "+
 		"is taken for dead and its outboxes taken")
+	var one oneRelay
+	fs.StringVar(&one.relay, "relay", envOr("OUTBOXKIT_RELAY", "poll"), "without --fleet: poll (any database) or log (Postgres's write-ahead log, "+
+		"wal_level = logical) (env OUTBOXKIT_RELAY)")
+	fs.StringVar(&one.name, "name", envOr("OUTBOXKIT_RELAY_NAME", forwarder.DefaultName), "without --fleet: the relay's name, in logs and metrics; "+
+		"the log relay's group, which names its slot (env OUTBOXKIT_RELAY_NAME)")
+	fs.StringVar(&one.logMode, "log-mode", envOr("OUTBOXKIT_LOG_MODE", string(pglog.ModeTable)), "with --relay log: table (writers insert rows) or wal "+
+		"(writers emit logical messages) (env OUTBOXKIT_LOG_MODE)")
+	fs.DurationVar(&one.txnInterval, "transaction-interval", 0, "without --fleet, with a transactional Kafka broker URL (transactional_id=): "+
+		"the least time between two transactions while passes are not full")
 	if err := parse(fs, args, e.stdout); err != nil {
 		return err
+	}
+	if *fleetName == "" && *tenantsFile == "" && *tenantsDB == "" {
+		one.broker, one.addr = *brokerURL, *addr
+		return e.runOne(ctx, one)
 	}
 	if *coordination == "" {
 		*coordination = e.dbURL

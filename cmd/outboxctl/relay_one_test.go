@@ -1,0 +1,175 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/pipeline"
+	"github.com/outboxkit/outboxkit/store"
+)
+
+// outboxctl relay without --fleet, as a service: configured by the environment (as a systemd
+// EnvironmentFile or docker --env-file sets it), it relays its outbox, serves /metrics, /healthz
+// and /readyz, and on SIGTERM publishes and marks what it holds and exits 0.
+func TestRelayOneOutboxAsAServiceUntilSIGTERM(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	url := tenantDB(t, dir, "shop", 5)
+	cmd := exec.Command(os.Args[0], "relay", "--addr", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "OUTBOXCTL_TEST_MAIN=1", "OUTBOXKIT_DATABASE_URL="+url, "OUTBOXKIT_BROKER_URL=memory://",
+		"OUTBOXKIT_RELAY=poll", "OUTBOXKIT_RELAY_NAME=orders")
+	var stdout, stderr syncBuffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	waited := false
+	t.Cleanup(func() {
+		if !waited {
+			_ = cmd.Process.Kill()
+			t.Logf("killed after the test failed: %v", <-exited)
+		}
+	})
+	var base string
+	addr := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+)`)
+	if !testenv.Within(20*time.Second, func() bool {
+		if m := addr.FindStringSubmatch(stdout.String()); m != nil {
+			base = m[1]
+		}
+		return base != ""
+	}) {
+		t.Fatalf("the relay did not say where it serves: %q %q", stdout.String(), stderr.String())
+	}
+	if !strings.Contains(stdout.String(), "poll relay orders of sqlite") {
+		t.Errorf("the banner does not say what relays: %q", stdout.String())
+	}
+	if !testenv.Within(30*time.Second, func() bool { return pending(t, url) == 0 }) {
+		t.Fatalf("%d events still pending\n%s", pending(t, url), stderr.String())
+	}
+	if code, body := get(t, base+"/healthz"); code != 200 {
+		t.Errorf("/healthz: %d %s", code, body)
+	}
+	if code, body := get(t, base+"/readyz"); code != 200 || !strings.Contains(body, "ready: relay orders") {
+		t.Errorf("/readyz: %d %s", code, body)
+	}
+	if _, metrics := get(t, base+"/metrics"); !strings.Contains(metrics, `outboxkit_forwarder_published_total{forwarder="orders",schema=`) ||
+		!strings.Contains(metrics, "outboxkit_outbox_pending") {
+		t.Errorf("/metrics lacks the forwarder's series:\n%s", metrics)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		waited = true
+		if err != nil {
+			t.Fatalf("after SIGTERM: %v\n%s", err, stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the relay did not exit within 20s of SIGTERM")
+	}
+	if !strings.Contains(stdout.String(), "relay orders stopped") {
+		t.Errorf("no word of stopping: %q", stdout.String())
+	}
+}
+
+// A relay of one outbox that could not work is refused at start, saying what to pass.
+func TestRelayOneOutboxMistakes(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	good := tenantDB(t, dir, "shop", 0)
+	notMigrated := "sqlite://" + filepath.Join(dir, "empty.db")
+	empty, err := store.Open(context.Background(), notMigrated, store.OpenOptions{PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = empty.Close()
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--db", "", "relay", "--broker", "memory://"}, 2, "pass --db URL"},
+		{[]string{"--db", "shop.db", "relay", "--broker", "memory://"}, 2, "is not a database URL"},
+		{[]string{"--db", good, "relay"}, 2, "pass --broker URL"},
+		{[]string{"--db", good, "relay", "--broker", "memory://", "--relay", "wal"}, 2, "--relay must be poll"},
+		{[]string{"--db", good, "relay", "--broker", "memory://", "--relay", "log"}, 2, "reads Postgres's write-ahead log"},
+		{[]string{"--db", good, "relay", "--broker", "memory://", "--log-mode", "rows"}, 2, "--log-mode must be table or wal"},
+		{[]string{"--db", good, "relay", "--broker", "nowhere://"}, 1, "open the broker"},
+		{[]string{"--db", notMigrated, "relay", "--broker", "memory://"}, 1, "outboxctl migrate"},
+		{[]string{"--db", "sqlite://" + filepath.Join(dir, "typo.db"), "relay", "--broker", "memory://"}, 1, "must exist"},
+	} {
+		code, _, stderr := ctl(t, c.args...)
+		if code != c.code || !strings.Contains(stderr, c.want) {
+			t.Errorf("%v: exit %d, stderr %q; want exit %d and %q", c.args, code, stderr, c.code, c.want)
+		}
+	}
+}
+
+// The log relay as a service: --relay log reads the outbox's inserts from Postgres's write-ahead
+// log and publishes them.
+func TestRelayOneOutboxByTheLog(t *testing.T) {
+	t.Parallel()
+	pg := testenv.NewLogicalPG(t)
+	ctx := context.Background()
+	s, err := store.Open(ctx, pg.URL, store.OpenOptions{Schema: string(pg.Schema), PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan int, 1)
+	var out, errOut syncBuffer
+	go func() {
+		done <- run(rctx, []string{"--db", pg.URL, "--schema", string(pg.Schema), "relay", "--broker", "memory://",
+			"--relay", "log", "--name", "orders"}, &out, &errOut)
+	}()
+	slot := "outboxkit_" + strings.ToLower(string(pg.Schema)) + "_orders"
+	defer func() {
+		testenv.Eventually(t, 10*time.Second, "the slot dropped", func() bool {
+			_, err := pg.Pool.Exec(ctx, `SELECT pg_drop_replication_slot($1)`, slot)
+			return err == nil
+		})
+		pg.Exec(t, `DROP PUBLICATION IF EXISTS `+slot)
+	}()
+	testenv.Eventually(t, 30*time.Second, "the log relay to read its slot", func() bool {
+		var active bool
+		err := pg.Pool.QueryRow(ctx, `SELECT active FROM pg_replication_slots WHERE slot_name = $1`, slot).Scan(&active)
+		return err == nil && active
+	})
+	tx, err := s.SQL.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := pipeline.NewPublisher(s, tx, pipeline.PublisherConfig{})
+	for i := range 3 {
+		if err := pub.Publish("orders", pipeline.NewEvent("OrderPlaced", fmt.Sprint("order-", i), []byte(`{}`))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	// The log relay deletes what it published, at its checkpoint.
+	testenv.Eventually(t, 30*time.Second, "the rows relayed and removed", func() bool {
+		return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox`) == 0
+	})
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if !strings.Contains(out.String(), "log relay orders of postgres") {
+		t.Errorf("the banner does not say the log relay runs: %q", out.String())
+	}
+}
