@@ -485,7 +485,7 @@ func TestKafkaTxn_BrokerCutOffMidDrainNothingTwice(t *testing.T) {
 		}
 		testenv.Eventually(t, 60*time.Second, "the relay to publish more", func() bool { return published() > before })
 		proxy.Cut()
-		<-time.After(500 * time.Millisecond) //nolint:forbidigo // the outage's length
+		<-time.After(500 * time.Millisecond) // the outage's length
 		proxy.Restore()
 	}
 	testenv.Eventually(t, 2*time.Minute, "every row to be published", func() bool { return published() == nKeys*perKey })

@@ -120,7 +120,7 @@ func TestDeploy_StaticBinaryRelaysAndTheUnitVerifies(t *testing.T) {
 	go func() { exited <- cmd.Wait() }()
 	if !testenv.Within(30*time.Second, func() bool { return pending(t, url) == 0 }) {
 		_ = cmd.Process.Kill()
-		<-exited
+		t.Logf("killed: %v", <-exited)
 		t.Fatalf("the image's binary relayed nothing: %d pending\n%s%s", pending(t, url), stdout.String(), stderr.String())
 	}
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
