@@ -17,6 +17,14 @@
 //
 // --no-inbox is the negative control: the consumers run without their inbox, and the checker
 // must report the redeliveries they applied twice.
+//
+// With --broker kafka the checker also reads the soak's topic from its start as a consumer without
+// an inbox would, at read_committed, and holds it against the outbox: every published event there,
+// in each key's order. The relays' crashes (SIGKILL, --crash-after-publish) publish again what a
+// relay published and did not mark: that reader sees those duplicates, reported as information.
+// --kafka-txn makes them impossible: the relay processes publish in Kafka transactions
+// (transactional_id=<the run's name>), each pass one transaction with the relay's progress, and
+// the reader must see every event exactly once.
 package main
 
 import (
@@ -37,6 +45,7 @@ type options struct {
 	duration, drain     time.Duration
 	rate                float64
 	relays              int
+	relaysGiven         bool // --relays on the command line
 	relay, relayMode    string
 	unacked, replicas   int
 	faultEvery          time.Duration
@@ -47,6 +56,7 @@ type options struct {
 	crashAfterCharge    int
 	brokerRestart       bool
 	noInbox             bool
+	kafkaTxn            bool
 	keep                bool
 	demoBin, repo, work string
 	seed                uint64
@@ -54,6 +64,9 @@ type options struct {
 }
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == txnRelayCommand { // one of the soak's processes (txnrelay.go)
+		os.Exit(txnRelayMain(os.Args[2:]))
+	}
 	var o options
 	flag.StringVar(&o.store, "store", "postgres", "the database: postgres, mysql or sqlite")
 	flag.StringVar(&o.broker, "broker", "amqp", "the broker: amqp, kafka, nats or redis")
@@ -64,7 +77,8 @@ func main() {
 	flag.DurationVar(&o.duration, "duration", 2*time.Minute, "how long orders are offered and faults injected")
 	flag.DurationVar(&o.drain, "drain", 3*time.Minute, "how long the system may take to settle once the faults stop")
 	flag.Float64Var(&o.rate, "rate", 20, "orders offered per second")
-	flag.IntVar(&o.relays, "relays", 2, "forwarder processes")
+	flag.IntVar(&o.relays, "relays", 2, "forwarder processes (with --kafka-txn, 1 unless given: the relays of one transactional id "+
+		"fence each other at every start, so two of them take turns, each exiting fenced as the other restarts — a soak of the fencing)")
 	flag.StringVar(&o.relay, "relay", "poll", "the relay the forwarder processes run: poll (the polling forwarder) or log (forwarder/pglog, "+
 		"reading a logical replication slot: --store postgres on a server with wal_level = logical; default --db $OUTBOXKIT_TEST_PGLOGICAL_URL, "+
 		"see scripts/pg-logical.sh). One log relay reads the slot, the others stand by")
@@ -84,6 +98,9 @@ func main() {
 		"on Kafka too: its consumers are static members of their groups, so a restart costs no rebalance)")
 	flag.BoolVar(&o.brokerRestart, "broker-restart", false, "amqp: also stop and start the RabbitMQ application (every client of the shared broker sees it)")
 	flag.BoolVar(&o.noInbox, "no-inbox", false, "negative control: run the consumers without their inbox; the checker must fail")
+	flag.BoolVar(&o.kafkaTxn, "kafka-txn", false, "with --broker kafka: the relay processes publish in Kafka transactions, one relay group "+
+		"(transactional_id) of the run's own, and die at every --crash-after-publish-th pass with the transaction open or after the commit; "+
+		"the checker's read_committed reader, without an inbox, must see each event once, in each key's order")
 	flag.BoolVar(&o.keep, "keep", false, "keep the schema, vhost, streams and logs for inspection")
 	flag.StringVar(&o.demoBin, "demo", "", "a built cmd/demo binary (default: built from --repo)")
 	flag.StringVar(&o.repo, "repo", ".", "the outboxkit repository (to build cmd/demo and tools/kfake)")
@@ -91,6 +108,11 @@ func main() {
 	flag.Uint64Var(&o.seed, "seed", 0, "random seed for the faults and the load (0: from the clock); printed, to replay a run")
 	flag.BoolVar(&o.quiet, "quiet", false, "print the result only, not each fault")
 	flag.Parse()
+	flag.Visit(func(f *flag.Flag) {
+		if f.Name == "relays" {
+			o.relaysGiven = true
+		}
+	})
 	if err := o.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "chaos:", err)
 		os.Exit(2)
@@ -158,6 +180,19 @@ func (o *options) validate() error {
 	default:
 		errs = append(errs, fmt.Sprintf("--relay %q: use poll or log", o.relay))
 	}
+	if o.kafkaTxn {
+		if o.broker != "kafka" {
+			errs = append(errs, fmt.Sprintf("--kafka-txn makes the relays publish in Kafka transactions: it goes with --broker kafka, not %s", o.broker))
+		}
+		if o.relay != "poll" {
+			errs = append(errs, "--kafka-txn runs the soak's transactional polling relay: it does not go with --relay log")
+		}
+		if !o.relaysGiven {
+			// One relay group, one relay: killed and restarted, it fences only its dead self. Two
+			// would fence each other at every start.
+			o.relays = 1
+		}
+	}
 	if o.brokerRestart && o.broker != "amqp" {
 		errs = append(errs, "--broker-restart restarts RabbitMQ: it goes with --broker amqp")
 	}
@@ -183,6 +218,17 @@ func (o *options) validate() error {
 		return errors.New(strings.Join(errs, "; "))
 	}
 	return nil
+}
+
+// brokerLabel names the broker and the relay as the run's first line and its matrix print them.
+func (o *options) brokerLabel() string {
+	switch {
+	case o.relay == "log":
+		return o.broker + ", log relay (" + o.relayMode + " mode)"
+	case o.kafkaTxn:
+		return o.broker + ", transactional relay"
+	}
+	return o.broker
 }
 
 func envOr(key, def string) string {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -35,6 +36,9 @@ type proc struct {
 
 	starts      atomic.Int64
 	selfExits   atomic.Int64 // exits the soak did not cause
+	fencedExits atomic.Int64 // exits with status exitFenced: a transactional relay another relay of its group fenced
+	// marked counts the lines holding each of its markers (set by countLines before start).
+	marked      map[string]*atomic.Int64
 	faultLines  atomic.Int64 // lines announcing an in-process fault (demo: fault: …, crashing after …)
 	lastFailure atomic.Value // string: the last line of a process that exited on its own
 	wg          sync.WaitGroup
@@ -46,6 +50,25 @@ func newProc(dir, name, bin string, args ...string) (*proc, error) {
 		return nil, err
 	}
 	return &proc{name: name, bin: bin, args: args, log: log}, nil
+}
+
+// countLines makes the process count the lines of its output that hold each marker (read them
+// with lines). Call it before start.
+func (p *proc) countLines(markers ...string) {
+	if p.marked == nil {
+		p.marked = map[string]*atomic.Int64{}
+	}
+	for _, m := range markers {
+		p.marked[m] = new(atomic.Int64)
+	}
+}
+
+// lines is how many lines held marker, over every run of the process.
+func (p *proc) lines(marker string) int64 {
+	if n, ok := p.marked[marker]; ok {
+		return n.Load()
+	}
+	return 0
 }
 
 // start runs the process and keeps it running: whenever it exits, it is started again after
@@ -114,6 +137,9 @@ func (p *proc) spawn() error {
 	go func() {
 		p.scan(out)
 		err := cmd.Wait()
+		if exit := (*exec.ExitError)(nil); errors.As(err, &exit) && exit.ExitCode() == exitFenced {
+			p.fencedExits.Add(1)
+		}
 		fmt.Fprintf(p.log, "%s chaos: %s exited: %v\n", time.Now().Format(logTime), p.name, err)
 		close(exited)
 	}()
@@ -133,27 +159,34 @@ func (p *proc) scan(r io.Reader) {
 		if strings.HasPrefix(line, "demo: ") && !strings.Contains(line, "fault") {
 			p.lastFailure.Store(line)
 		}
+		for m, n := range p.marked {
+			if strings.Contains(line, m) {
+				n.Add(1)
+			}
+		}
 	}
 }
 
-// kill sends SIGKILL and waits for the process to be gone; the supervisor restarts it.
-func (p *proc) kill() {
+// kill sends SIGKILL and waits for the process to be gone; the supervisor restarts it. It reports
+// whether there was a process to kill: none while a restart is pending.
+func (p *proc) kill() bool {
 	p.mu.Lock()
 	cmd, exited := p.cmd, p.exited
 	if p.stopped || cmd == nil || cmd.Process == nil {
 		p.mu.Unlock()
-		return
+		return false
 	}
 	select {
 	case <-exited: // exited already, restart pending
 		p.mu.Unlock()
-		return
+		return false
 	default:
 	}
 	p.killing = true
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	p.mu.Unlock()
 	<-exited
+	return true
 }
 
 // stop ends the process for good: SIGTERM, then SIGKILL after grace.

@@ -41,12 +41,8 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 		return false, err
 	}
 	defer e.tearDown()
-	broker := o.broker
-	if o.relay == "log" {
-		broker += ", log relay (" + o.relayMode + " mode)"
-	}
 	fmt.Printf("chaos: store %s, broker %s, %s of orders at %g/s, faults every %s on average, seed %d, run %s, logs in %s\n",
-		o.store, broker, o.duration, o.rate, o.faultEvery, seed, e.run, e.dir)
+		o.store, o.brokerLabel(), o.duration, o.rate, o.faultEvery, seed, e.run, e.dir)
 
 	port, err := freePort()
 	if err != nil {
@@ -64,23 +60,42 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 		return args
 	}
 	var procs []*proc
-	newP := func(name string, args ...string) *proc {
-		p, perr := newProc(e.dir, name, e.demo, args...)
+	newBinP := func(bin, name string, args ...string) *proc {
+		p, perr := newProc(e.dir, name, bin, args...)
 		if perr != nil && err == nil {
 			err = perr
 		}
 		procs = append(procs, p)
 		return p
 	}
+	newP := func(name string, args ...string) *proc { return newBinP(e.demo, name, args...) }
 	orders := newP("orders", append(common("orders"), "--role", "orders", "--addr", "127.0.0.1:"+strconv.Itoa(port),
 		"--poison-customer", poisonCustomer)...)
 	var relays, consumerProcs []*proc
+	var self string // with --kafka-txn the relay processes are this binary's (txnrelay.go)
+	if o.kafkaTxn {
+		if self, err = os.Executable(); err != nil {
+			return false, fmt.Errorf("--kafka-txn runs this binary as the relay processes: %w", err)
+		}
+	}
 	for i := 1; i <= o.relays; i++ {
-		args := append(common(fmt.Sprintf("relay%d", i)), "--role", "relay", "--relay-name", fmt.Sprintf("relay-%d", i), "--addr", "127.0.0.1:0")
+		name := fmt.Sprintf("relay-%d", i)
+		if o.kafkaTxn { // in the run's relay group
+			args := []string{txnRelayCommand, "--db", e.dbURL(fmt.Sprintf("relay%d", i)), "--schema", e.run,
+				"--broker", e.txnBrokerURL(), "--name", name}
+			if o.crashAfterPublish > 0 {
+				args = append(args, "--crash-after-publish", strconv.Itoa(o.crashAfterPublish))
+			}
+			p := newBinP(self, name, args...)
+			p.countLines(txnFaultOpen, txnFaultCommitted, txnRecovered)
+			relays = append(relays, p)
+			continue
+		}
+		args := append(common(fmt.Sprintf("relay%d", i)), "--role", "relay", "--relay-name", name, "--addr", "127.0.0.1:0")
 		if o.crashAfterPublish > 0 {
 			args = append(args, "--crash-after-publish", strconv.Itoa(o.crashAfterPublish))
 		}
-		relays = append(relays, newP(fmt.Sprintf("relay-%d", i), args...))
+		relays = append(relays, newP(name, args...))
 	}
 	for _, c := range consumers {
 		for i := 1; i <= o.replicas; i++ {
@@ -206,7 +221,21 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 	if err != nil {
 		return false, fmt.Errorf("the checker: %w", err)
 	}
-	report(o, in, procs, relays, consumerProcs, l, v, drained, machineLoad.highest())
+	// On Kafka, the topic as a consumer without an inbox reads it, held against the outbox's rows
+	// (which the log relay does not leave).
+	var raw *rawVerdict
+	if o.broker == "kafka" && o.relay == "poll" {
+		recs, err := readCommitted(context.WithoutCancel(ctx), e.brokerURL, e.run+".orders")
+		if err != nil {
+			return false, fmt.Errorf("the checker's read_committed reader: %w", err)
+		}
+		rv, err := checkReadCommitted(context.WithoutCancel(ctx), biz, recs, o.kafkaTxn, v)
+		if err != nil {
+			return false, fmt.Errorf("the checker: %w", err)
+		}
+		raw = &rv
+	}
+	report(o, in, procs, relays, consumerProcs, l, v, raw, drained, machineLoad.highest())
 	return v.violations() == 0 && drained && len(in.errors) == 0, nil
 }
 
@@ -301,7 +330,7 @@ func startProgress(ctx context.Context, logf func(string, ...any), l *ledger, bi
 	return func() { <-done }
 }
 
-func report(o options, in *injector, procs, relays, consumerProcs []*proc, l *ledger, v *verdict, drained bool, load float64) {
+func report(o options, in *injector, procs, relays, consumerProcs []*proc, l *ledger, v *verdict, raw *rawVerdict, drained bool, load float64) {
 	held := "yes"
 	if v.violations() > 0 || !drained {
 		held = "NO"
@@ -332,18 +361,31 @@ func report(o options, in *injector, procs, relays, consumerProcs []*proc, l *le
 			rows = append(rows, [2]string{k, "0"})
 		}
 	}
+	lines := func(ps []*proc, marker string) (n int64) {
+		for _, p := range ps {
+			n += p.lines(marker)
+		}
+		return n
+	}
+	var fenced int64
+	for _, p := range relays {
+		fenced += p.fencedExits.Load()
+	}
+	if o.kafkaTxn {
+		rows = append(rows,
+			[2]string{faultTxnOpen, strconv.FormatInt(lines(relays, txnFaultOpen), 10)},
+			[2]string{faultTxnCommitted, strconv.FormatInt(lines(relays, txnFaultCommitted), 10)},
+			[2]string{faultTxnFenced, strconv.FormatInt(fenced, 10)})
+	} else {
+		rows = append(rows, [2]string{faultPublishNoMark, strconv.FormatInt(sum(relays), 10)})
+	}
 	rows = append(rows,
-		[2]string{faultPublishNoMark, strconv.FormatInt(sum(relays), 10)},
 		[2]string{faultChargeNoCommit, strconv.FormatInt(charges, 10)},
 		[2]string{faultPoison, strconv.Itoa(v.poisoned)},
 		[2]string{faultRepeat, strconv.FormatInt(l.repeats.Load(), 10)},
 		[2]string{faultRetry, strconv.FormatInt(l.retries.Load(), 10)},
 	)
-	broker := o.broker
-	if o.relay == "log" {
-		broker += ", log relay (" + o.relayMode + " mode)"
-	}
-	fmt.Printf("\nfailure matrix — %s + %s, %s at %g orders/s\n", o.store, broker, o.duration, o.rate)
+	fmt.Printf("\nfailure matrix — %s + %s, %s at %g orders/s\n", o.store, o.brokerLabel(), o.duration, o.rate)
 	fmt.Printf("%-50s %-24s %s\n", "fault", "times injected", "invariants held")
 	for _, r := range rows {
 		fmt.Printf("%-50s %-24s %s\n", r[0], r[1], held)
@@ -362,6 +404,25 @@ func report(o options, in *injector, procs, relays, consumerProcs []*proc, l *le
 	fmt.Printf("\norders %d (poisoned %d, cancelled %d); POSTs sent %d, repeated %d, retried %d, answered from the record %d\n",
 		v.orders, v.poisoned, v.cancelled, l.posts.Load(), l.repeats.Load(), l.retries.Load(), l.replayed.Load())
 	fmt.Printf("effects missed %d, doubled %d; restarts: %s\n", v.misses, v.doubles, strings.Join(restarts, ", "))
+	if raw != nil {
+		dup := "a violation: each pass is one transaction"
+		if !o.kafkaTxn {
+			dup = "information without transactions: a relay dead between publish and mark is published again; the inboxes absorb it"
+		}
+		fmt.Printf("read_committed without an inbox (franz-go, the topic from its start): %d records of %d published events: "+
+			"%d duplicates (%s), %d gaps, %d inversions, %d other records\n",
+			raw.records, raw.events, raw.duplicates, dup, raw.missing, raw.inversions, raw.foreign)
+	}
+	if o.kafkaTxn {
+		var selfExits int64
+		for _, p := range relays {
+			selfExits += p.selfExits.Load()
+		}
+		fmt.Printf("transactional relay group %s: %d relay processes, %d killed by the soak, %d exits of their own (%d killed with the "+
+			"transaction open, %d after the commit, %d fenced); %d transactions a dead relay committed, recorded by its successor\n",
+			in.e.run, len(relays), in.counts[faultKillRelay], selfExits, lines(relays, txnFaultOpen), lines(relays, txnFaultCommitted), fenced,
+			lines(relays, txnRecovered))
+	}
 	fmt.Printf("commit→effect (OrderPlaced, every consumer): p50 %s, p99 %s, slowest %s\n",
 		percentile(v.latency, 0.5).Round(time.Millisecond), percentile(v.latency, 0.99).Round(time.Millisecond),
 		percentile(v.latency, 1).Round(time.Millisecond))

@@ -279,6 +279,13 @@ func (e *env) startKafka(ctx context.Context) error {
 	return nil
 }
 
+// txnBrokerURL is the relays' Kafka URL with --kafka-txn: the run's name is its relay group
+// (transactional_id), so no other run's relays fence the soak's, and its progress topic
+// (outboxkit.progress.<run>) dies with the soak's broker.
+func (e *env) txnBrokerURL() string {
+	return e.brokerURL + "?transactional_id=" + e.run
+}
+
 func rabbitmqctl(ctx context.Context, args ...string) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
