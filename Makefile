@@ -120,10 +120,14 @@ lint:
 	$(GO) run github.com/golangci/golangci-lint/v2/cmd/golangci-lint@v2.15.0 run $(PKGS)
 	scripts/apidiff.sh
 
-## alerts: validate the shipped Prometheus alert rules and run their unit tests.
+## alerts: validate the shipped Prometheus alert rules and run their unit tests; check that every query of
+## the Grafana dashboard (deploy/grafana) parses and reads only metrics and labels the demo exports
+## (internal/cmd/dashcheck: the demo on SQLite and Kafka, its relay transactional).
 alerts:
 	scripts/promtool.sh check rules deploy/prometheus/alerts.yml
 	cd deploy/prometheus && ../../scripts/promtool.sh test rules alerts_test.yml
+	@scripts/services.sh kafka
+	$(GO) run ./internal/cmd/dashcheck deploy/grafana/outboxkit.json
 
 services:
 	@scripts/services.sh

@@ -21,10 +21,12 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/outboxkit/outboxkit"
+	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/faults"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/prom"
+	"github.com/outboxkit/outboxkit/store/storetest"
 )
 
 // The transactional relay's proof: relay processes killed with SIGKILL at random points — before
@@ -500,5 +502,34 @@ func TestKafkaTxn_BrokerCutOffMidDrainNothingTwice(t *testing.T) {
 	t.Logf("transactions: %v", outcomes)
 	if outcomes["aborted"]+outcomes["unknown"] == 0 {
 		t.Fatal("no cut-off hit a transaction: the test proves nothing")
+	}
+}
+
+// A group that has read everything a transactional relay committed waits for nothing: the lag
+// reader does not count the commit marker after the last record, which a caught-up group never
+// commits past — or every consumer of a transactional topic would show one waiting message per
+// partition, for ever.
+func TestKafkaTxn_CaughtUpGroupHasNoLag(t *testing.T) {
+	t.Parallel()
+	url := testenv.KafkaURL(t)
+	pg := testenv.NewPG(t)
+	db := pgDB(pg)
+	createEffects(t, db)
+	topic := testenv.UniqueName(t, "lag") + ".placed"
+	createKafkaTopic(t, url, topic, 2)
+	writeEvents(t, db, topic, keys(4), 5)
+	b := openBackend(t, withQuery(url, "transactional_id="+testenv.UniqueName(t, "relay")), kafkaOpts)
+	storetest.RunForwarder(t, newRelay(t, db, b.Publisher))
+	group := testenv.UniqueName(t, "billing")
+	startEffectConsumer(t, context.Background(), db, b, topic, group)
+	testenv.Eventually(t, 60*time.Second, "every event applied", func() bool { return countEffects(t, db, group) == 20 })
+	var lag backends.Lag
+	testenv.Eventually(t, 30*time.Second, "the group's lag to reach 0", func() bool {
+		var err error
+		lag, err = b.Lag(context.Background(), topic, group)
+		return err == nil && lag.Waiting == 0
+	})
+	if lag.HasAge && lag.OldestAge > 0 {
+		t.Errorf("a caught-up group's oldest waiting message is %s old", lag.OldestAge)
 	}
 }

@@ -36,7 +36,10 @@ func (k *kafkaLag) read(ctx context.Context, topic, group string) (backends.Lag,
 	defer k.mu.Unlock()
 	if k.client == nil {
 		// Not a group member: a direct consumer, of the partitions a read adds, for the ages.
+		// It reads as the group's members do (isolation), and keeps the transactions' markers: a
+		// marker read where a record was looked for says nothing waits there.
 		client, err := kgo.NewClient(append(k.conn.kgoOpts(), kgo.FetchMaxWait(kafkaAgeWait),
+			kgo.FetchIsolationLevel(k.conn.isolation()), kgo.KeepControlRecords(),
 			kgo.FetchMaxBytes(1<<20), kgo.FetchMaxPartitionBytes(64<<10))...) // one record's worth: Kafka sends a whole first batch anyway
 		if err != nil {
 			return backends.Lag{}, classifyKafka(err)
@@ -112,45 +115,60 @@ func kafkaGroupLag(ctx context.Context, client *kgo.Client, topic, group string)
 		}
 	}
 	var l backends.Lag
-	behind := make(map[int32]int64)
+	behind := make(map[int32][2]int64)
 	for p, end := range ends[topic] {
 		if n := end.Offset - committed[p]; n > 0 {
 			l.Waiting += n
-			behind[p] = committed[p]
+			behind[p] = [2]int64{committed[p], end.Offset}
 		}
 	}
-	for _, age := range kafkaRecordAges(ctx, client, topic, behind) {
+	ages, markersOnly := kafkaRecordAges(ctx, client, topic, behind)
+	for _, age := range ages {
 		if age > l.OldestAge || !l.HasAge {
 			l.OldestAge, l.HasAge = age, true
 		}
 	}
+	// Offsets behind the committed one that hold only transactions' markers (and, at
+	// read_committed, aborted records) wait for nobody: the last record of a transactional
+	// producer is followed by its commit marker, which a caught-up group never commits past.
+	for p := range markersOnly {
+		l.Waiting -= behind[p][1] - behind[p][0]
+	}
 	return l, nil
 }
 
-// kafkaRecordAges reads, on each partition of from, the first record at or after its offset, and
-// returns how old each one's timestamp is; a partition whose record does not come within
-// kafkaAgeWait (or ctx) has none.
-func kafkaRecordAges(ctx context.Context, client *kgo.Client, topic string, from map[int32]int64) map[int32]time.Duration {
-	ages := make(map[int32]time.Duration, len(from))
+// kafkaRecordAges reads, on each partition of from (its offsets [from, end)), the first record at
+// or after from, and returns how old each one's timestamp is; and the partitions where only
+// transactions' markers lie before end: nothing waits there. A partition whose record does not
+// come within kafkaAgeWait (or ctx) is in neither.
+func kafkaRecordAges(ctx context.Context, client *kgo.Client, topic string, from map[int32][2]int64) (ages map[int32]time.Duration, markersOnly map[int32]bool) {
+	ages, markersOnly = make(map[int32]time.Duration, len(from)), map[int32]bool{}
 	if len(from) == 0 {
-		return ages
+		return ages, markersOnly
 	}
 	offsets := make(map[int32]kgo.Offset, len(from))
 	for p, o := range from {
-		offsets[p] = kgo.NewOffset().At(o)
+		offsets[p] = kgo.NewOffset().At(o[0])
 	}
 	client.AddConsumePartitions(map[string]map[int32]kgo.Offset{topic: offsets})
 	defer client.RemoveConsumePartitions(map[string][]int32{topic: slices.Collect(maps.Keys(from))})
 	ctx, cancel := context.WithTimeout(ctx, kafkaAgeWait)
 	defer cancel()
-	for len(ages) < len(from) && ctx.Err() == nil {
+	for len(ages)+len(markersOnly) < len(from) && ctx.Err() == nil {
 		// kgo hands out no record before the offset a partition was added at, and the removal of
 		// an earlier read's partitions dropped what it had fetched for them.
 		client.PollFetches(ctx).EachRecord(func(r *kgo.Record) {
-			if _, done := ages[r.Partition]; r.Topic == topic && !done {
+			_, aged := ages[r.Partition]
+			if r.Topic != topic || aged || markersOnly[r.Partition] {
+				return
+			}
+			switch {
+			case !r.Attrs.IsControl():
 				ages[r.Partition] = brokerio.AgeOf(r.Timestamp)
+			case r.Offset >= from[r.Partition][1]-1:
+				markersOnly[r.Partition] = true // the last offset read, and no record before it
 			}
 		})
 	}
-	return ages
+	return ages, markersOnly
 }

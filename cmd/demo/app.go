@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -55,10 +56,13 @@ func openStore(ctx context.Context, o options) (*store.DB, error) {
 // relayControl runs the relay (the forwarder's Run, or the log relay's) and lets /admin/relay
 // stop and start it.
 type relayControl struct {
-	run    func(context.Context) error
-	mu     sync.Mutex
-	cancel context.CancelFunc
-	done   chan struct{}
+	run func(context.Context) error
+	// stopped is told why the relay stopped by itself — fenced by a newer relay of its Kafka
+	// relay group, or refused at start — not when stop ended it.
+	stopped func(error)
+	mu      sync.Mutex
+	cancel  context.CancelFunc
+	done    chan struct{}
 }
 
 func (c *relayControl) start(ctx context.Context) {
@@ -71,7 +75,9 @@ func (c *relayControl) start(ctx context.Context) {
 	c.cancel, c.done = cancel, make(chan struct{})
 	go func(done chan struct{}) {
 		defer close(done)
-		_ = c.run(runCtx)
+		if err := c.run(runCtx); err != nil && runCtx.Err() == nil && c.stopped != nil {
+			c.stopped(err)
+		}
 	}(c.done)
 }
 
@@ -95,7 +101,17 @@ func (c *relayControl) running() bool {
 	return c.cancel != nil
 }
 
-func run(ctx context.Context, o options) error {
+func run(ctx context.Context, o options) (err error) {
+	// A relay that stops by itself ends the demo with its error: a process of its own, it exits
+	// for its supervisor to restart it.
+	var relayFailed atomic.Pointer[error]
+	ctx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	defer func() {
+		if rerr := relayFailed.Load(); rerr != nil {
+			err = fmt.Errorf("the relay stopped: %w", *rerr)
+		}
+	}()
 	db, err := openStore(ctx, o)
 	if err != nil {
 		return fmt.Errorf("%w (pass --db; the default, %s, needs no server)", err, defaultDB)
@@ -149,7 +165,11 @@ func run(ctx context.Context, o options) error {
 	var runRelay func(context.Context) error
 	var reading <-chan struct{} // the log relay's: closed once it reads its slot
 	if o.runs(roleRelay) {
-		pub := &faultyPublisher{Publisher: broker.Publisher, failEvery: o.failPublishEvery, crashEvery: o.crashAfterPublish}
+		faulty := &faultyPublisher{Publisher: broker.Publisher, failEvery: o.failPublishEvery, crashEvery: o.crashAfterPublish}
+		var pub message.Publisher = faulty
+		if tp, ok := broker.Publisher.(forwarder.TransactionalPublisher); ok {
+			pub = &faultyTxnPublisher{faultyPublisher: faulty, txn: tp} // kafka://…?transactional_id=
+		}
 		name := o.relayName
 		if o.relay == relayLog {
 			name = o.relayGroup // it names the slot the group's relays share
@@ -176,10 +196,10 @@ func run(ctx context.Context, o options) error {
 			reg.MustRegister(prom.NewSlotCollector(lr))
 			runRelay, reading = lr.Run, lr.Reading()
 			if o.crashAfterPublish > 0 {
-				faults.InjectBeforeConfirm(lr, pub.beforeConfirm)
+				faults.InjectBeforeConfirm(lr, faulty.beforeConfirm)
 			}
 		case o.crashAfterPublish > 0:
-			faults.Inject(relay, faults.AfterPublish, pub.afterPublish)
+			faults.Inject(relay, faults.AfterPublish, faulty.afterPublish)
 		}
 	}
 
@@ -234,7 +254,10 @@ func run(ctx context.Context, o options) error {
 	}
 	var control *relayControl
 	if runRelay != nil {
-		control = &relayControl{run: runRelay}
+		control = &relayControl{run: runRelay, stopped: func(err error) {
+			relayFailed.Store(&err)
+			cancelRun()
+		}}
 		control.start(context.Background())
 		defer control.stop()
 	}

@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 
 	"github.com/ThreeDotsLabs/watermill/message"
+
+	"github.com/outboxkit/outboxkit/forwarder"
 )
 
 // faultyPublisher provokes the forwarder's failure modes on purpose.
@@ -37,6 +39,20 @@ func (p *faultyPublisher) Check(ctx context.Context) error {
 	}
 	return nil
 }
+
+// faultyTxnPublisher is faultyPublisher on a transactional broker publisher: the relay finds the
+// transactions through it.
+type faultyTxnPublisher struct {
+	*faultyPublisher
+	txn forwarder.TransactionalPublisher
+}
+
+func (p *faultyTxnPublisher) Recover(ctx context.Context) ([]byte, error) { return p.txn.Recover(ctx) }
+func (p *faultyTxnPublisher) Begin(ctx context.Context) error             { return p.txn.Begin(ctx) }
+func (p *faultyTxnPublisher) Commit(ctx context.Context, progress []byte) error {
+	return p.txn.Commit(ctx, progress)
+}
+func (p *faultyTxnPublisher) Abort(ctx context.Context) error { return p.txn.Abort(ctx) }
 
 // errRelayCrash is the relay dying between publishing and marking (--crash-after-publish).
 var errRelayCrash = errors.New("relay crashed after publishing, before marking (--crash-after-publish)")
