@@ -200,7 +200,7 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 		defer f.txn.mu.Unlock()
 		if !f.txn.recovered {
 			if err := f.recoverTxn(ctx); err != nil {
-				return Result{}, err
+				return f.brokerFailedPass(err)
 			}
 		}
 	}
@@ -230,7 +230,7 @@ func (f *Forwarder) DispatchBatch(ctx context.Context) (Result, error) {
 	txnOpen := false
 	if f.txn.pub != nil {
 		if err := f.txn.pub.Begin(ctx); err != nil {
-			return Result{}, fmt.Errorf("forwarder %s: begin the pass's transaction: %w", f.cfg.Name, err)
+			return f.brokerFailedPass(&txnBrokerError{fmt.Errorf("forwarder %s: begin the pass's transaction: %w", f.cfg.Name, err)})
 		}
 		txnOpen = true
 		defer func() {

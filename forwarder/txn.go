@@ -113,7 +113,7 @@ func (f *Forwarder) outboxName() string {
 func (f *Forwarder) recoverTxn(ctx context.Context) error {
 	raw, err := f.txn.pub.Recover(ctx)
 	if err != nil {
-		return fmt.Errorf("forwarder %s: read the relay group's last transaction: %w", f.cfg.Name, err)
+		return &txnBrokerError{fmt.Errorf("forwarder %s: read the relay group's last transaction: %w", f.cfg.Name, err)}
 	}
 	var seqs []int64
 	if raw != nil {
@@ -247,6 +247,26 @@ func (f *Forwarder) claimTxnPublisher() (release func(), err error) {
 
 // errNoCommitter refuses a transactional publisher on a store that cannot mark rows by seq.
 var errNoCommitter = errors.New("forwarder: the publisher is transactional but the store cannot mark rows a transaction committed (store.Committer): use a store of package store's drivers")
+
+// txnBrokerError is the broker failing a transactional pass before it publishes (its recovery,
+// its transaction's start): the pass opens the circuit, as a publish that could not reach the
+// broker does, rather than count as a database failure that every writer's wake-up retries.
+type txnBrokerError struct{ err error }
+
+func (e *txnBrokerError) Error() string { return e.err.Error() }
+func (e *txnBrokerError) Unwrap() error { return e.err }
+
+// brokerFailedPass is the result of a pass the broker failed before it published (txnBrokerError):
+// the circuit opens, and the error is reported as the pass's UnreachableErr.
+func (f *Forwarder) brokerFailedPass(err error) (Result, error) {
+	var be *txnBrokerError
+	if !errors.As(err, &be) || stopsRelay(err) {
+		return Result{}, err
+	}
+	var res Result
+	f.report(nil, outcome{unreachable: outboxkit.Unreachable(be.err)}, store.Outcome{}, 0, &res)
+	return res, nil
+}
 
 // errTxnRefused is a transactional relay's refusal to go on with a relay group that is not its
 // outbox's: no retry fixes it.

@@ -2,14 +2,17 @@ package forwarder_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/prom"
@@ -157,5 +160,60 @@ func TestRun_RefusesATransactionalPublisherAnotherForwarderRuns(t *testing.T) {
 	cancel2()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// downBroker is a transactional broker that cannot be reached until up is set.
+type downBroker struct {
+	txnBroker
+	up        atomic.Bool
+	recovered atomic.Int64
+}
+
+func (b *downBroker) Recover(ctx context.Context) ([]byte, error) {
+	b.recovered.Add(1)
+	if !b.up.Load() {
+		return nil, outboxkit.Unreachable(errors.New("kafka: no broker answered"))
+	}
+	return b.txnBroker.Recover(ctx)
+}
+
+// A transactional relay that cannot read its group's last transaction — the broker is away —
+// opens its circuit, as a publish that cannot reach the broker does: writers' wake-ups do not make
+// it ask again and again, and once the broker is back it recovers and publishes.
+func TestTransactionalRecovery_BrokerAwayOpensTheCircuit(t *testing.T) {
+	st := &pollStore{Store: openOutbox(t, 0), waking: true}
+	broker := &downBroker{}
+	f, err := forwarder.New(forwarder.Config{Store: st, Publisher: broker,
+		CircuitBackoff: forwarder.Backoff{Initial: 100 * time.Millisecond, Max: 100 * time.Millisecond, Multiplier: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	<-f.Running()
+	writeRow(t, st.Store)
+	const wakes = 100
+	for range wakes { // a writer's commit every 10ms for a second
+		st.Wake()
+		time.Sleep(10 * time.Millisecond) //nolint:forbidigo // the writers' pace, not a wait for the relay
+	}
+	// The circuit's backoff is 100ms: about 10 recoveries in that second; one per wake-up, 100.
+	if n := broker.recovered.Load(); n > wakes/3 {
+		t.Errorf("%d recoveries in a second of %d wake-ups with the broker away: the wake-ups retry it, not the circuit", n, wakes)
+	}
+	if !f.Health().CircuitOpen {
+		t.Error("the circuit is closed while the broker is away")
+	}
+	broker.up.Store(true)
+	if !testenv.Within(10*time.Second, func() bool { n, _ := broker.committed(); return n == 1 }) {
+		t.Fatal("the row was not published once the broker came back")
 	}
 }

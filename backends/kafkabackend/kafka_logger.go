@@ -21,6 +21,9 @@ type kgoLogger struct {
 	l      watermill.LoggerAdapter
 	fields watermill.LogFields
 	warned *kgoWarned
+	// infoAsDebug hands franz-go's INFO lines on at DEBUG: a transactional producer's are four a
+	// transaction (begin, flush, end), which say nothing an operator needs.
+	infoAsDebug bool
 }
 
 // kgoWarnEvery is the least time between two WARN lines of one franz-go message.
@@ -66,6 +69,10 @@ func (k kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
 		}
 		k.l.Info(line, fields.Add(watermill.LogFields{"repeated": true}))
 	case kgo.LogLevelInfo:
+		if k.infoAsDebug {
+			k.l.Debug(line, fields)
+			return
+		}
 		k.l.Info(line, fields)
 	default:
 		k.l.Debug(line, fields)

@@ -57,3 +57,18 @@ func TestKgoLogger_WarnsOncePerMessageThenLogsRepeatsAtInfo(t *testing.T) {
 		t.Fatal("a message warns once per kgoWarnEvery")
 	}
 }
+
+// A transactional producer's franz-go INFO lines — four a transaction — go at DEBUG; its warnings
+// still at WARN.
+func TestKgoLogger_InfoAsDebug(t *testing.T) {
+	capture := watermill.NewCaptureLogger()
+	l := newKgoLogger(capture, nil)
+	l.infoAsDebug = true
+	l.Log(kgo.LogLevelInfo, "beginning transaction")
+	l.Log(kgo.LogLevelWarn, "producer id load failed")
+	got := capture.Captured()
+	if len(got[watermill.InfoLogLevel]) != 0 || len(got[watermill.DebugLogLevel]) != 1 || len(got[watermill.ErrorLogLevel]) != 1 {
+		t.Fatalf("INFO %v, DEBUG %v, WARN %v: want the INFO line at DEBUG and the warning at WARN",
+			got[watermill.InfoLogLevel], got[watermill.DebugLogLevel], got[watermill.ErrorLogLevel])
+	}
+}

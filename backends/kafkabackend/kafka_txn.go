@@ -60,9 +60,12 @@ type kafkaTxnProducer struct {
 }
 
 func newKafkaTxnProducer(conn kafkaConn, marshaler kafkaMarshaler, logger watermill.LoggerAdapter) (*kafkaTxnProducer, error) {
+	quiet := newKgoLogger(logger, watermill.LogFields{"kafka_client": "producer", "transactional_id": conn.txn.id})
+	quiet.infoAsDebug = true
 	cl, err := kgo.NewClient(append(kafkaProducerOpts(conn, logger),
 		kgo.TransactionalID(conn.txn.id),
 		kgo.TransactionTimeout(conn.txn.timeout),
+		kgo.WithLogger(quiet), // after kafkaProducerOpts' own: franz-go keeps the last
 	)...)
 	if err != nil {
 		return nil, fmt.Errorf("kafka transactional publisher: %w", err)
