@@ -485,7 +485,9 @@ func TestACrashRepublishesOnlyWhatFollowsTheLastCheckpoint(t *testing.T) {
 	o := newOutbox(t)
 	pub := newRecorder()
 	// Checkpoints every 20 rows: some rows published after the last one when it dies.
-	tune := func(f *forwarder.Config, c *mysqlbinlog.Config) { c.FlushInterval, c.FlushRows, f.BatchSize = time.Hour, 20, 7 }
+	tune := func(f *forwarder.Config, c *mysqlbinlog.Config) {
+		c.FlushInterval, c.FlushRows, f.BatchSize = time.Hour, 20, 7
+	}
 	r := relayOn(t, o, pub, tune)
 	mysqlbinlog.CrashOnStop(r)
 	stop := run(t, r)
