@@ -17,6 +17,7 @@ import (
 // Server error numbers the relay tells apart.
 const (
 	errAccessDenied          = 1227 // ER_SPECIFIC_ACCESS_DENIED_ERROR: a privilege is missing
+	errUserAccessDenied      = 1045 // ER_ACCESS_DENIED_ERROR: MariaDB's answer to a replica without REPLICATION SLAVE
 	errTableAccessDenied     = 1142 // ER_TABLEACCESS_DENIED_ERROR
 	errDBAccessDenied        = 1044 // ER_DBACCESS_DENIED_ERROR
 	errSyntax                = 1064 // ER_PARSE_ERROR: a statement this server does not know

@@ -125,7 +125,9 @@ func (s *session) readLog(ctx context.Context) error {
 // server's binary logs no longer hold are fatal; anything else is read again from the checkpoint.
 func (s *session) streamError(err error) error {
 	switch errorNumber(err) {
-	case errAccessDenied:
+	case errAccessDenied, errUserAccessDenied:
+		// (1045 is also a wrong password; but the same user's password opened the relay's other
+		// connections.)
 		return s.r.deniedReading(s.settings, err)
 	case errMasterFatalReadingLog:
 		return fatal("the server cannot send the binary log from the relay's checkpoint (%s): %v. "+
@@ -143,28 +145,29 @@ func (s *session) streamError(err error) error {
 type txnReader struct {
 	s     *session
 	file  string // the binary log file being read
+	open  bool   // in a transaction (BEGIN read), whose statements are not transactions alone
 	rows  []item // the open transaction's outbox rows
 	gtid  string // the open transaction's GTID
 	quiet bool   // the open transaction writes a checkpoint
 }
 
-func (t *txnReader) begin() { t.rows, t.gtid, t.quiet = t.rows[:0], "", false }
+func (t *txnReader) begin() { t.open, t.rows, t.gtid, t.quiet = false, t.rows[:0], "", false }
 
 func (t *txnReader) handle(ctx context.Context, ev *replication.BinlogEvent) error {
 	s := t.s
 	switch e := ev.Event.(type) {
 	case *replication.RotateEvent:
 		t.file = string(e.NextLogName)
-	case *replication.GTIDEvent: // MySQL: a transaction begins
+	case *replication.GTIDEvent: // MySQL: a transaction, or a statement alone, begins
 		t.begin()
 		sid, err := uuid.FromBytes(e.SID)
 		if err != nil {
 			return fmt.Errorf("a GTID event's server uuid: %w", err)
 		}
 		t.gtid = sid.String() + ":" + strconv.FormatInt(e.GNO, 10)
-	case *replication.MariadbGTIDEvent: // MariaDB: a transaction, or a statement alone, begins
+	case *replication.MariadbGTIDEvent: // MariaDB: a transaction ("BEGIN GTID"), or a statement alone, begins
 		t.begin()
-		t.gtid = e.GTID.String()
+		t.gtid, t.open = e.GTID.String(), !e.IsStandalone()
 	case *replication.TransactionPayloadEvent: // MySQL's binlog_transaction_compression
 		for _, inner := range e.Events {
 			if _, isXID := inner.Event.(*replication.XIDEvent); isXID {
@@ -180,19 +183,23 @@ func (t *txnReader) handle(ctx context.Context, ev *replication.BinlogEvent) err
 	case *replication.XIDEvent:
 		return t.end(ctx, ev.Header.LogPos)
 	case *replication.QueryEvent:
-		q := strings.ToUpper(strings.TrimSpace(string(e.Query)))
-		switch {
+		switch q := strings.ToUpper(strings.TrimSpace(string(e.Query))); {
 		case q == "BEGIN":
-			if t.gtid == "" { // MySQL without GTIDs: BEGIN opens the transaction
-				t.begin()
+			if !t.open { // MySQL's transactions begin so, after their GTID event, if any
+				t.open = true
+				t.rows, t.quiet = t.rows[:0], false
 			}
+		case q == "COMMIT":
+			return t.end(ctx, ev.Header.LogPos) // a transaction on a table without XA (MyISAM, say)
 		case q == "ROLLBACK":
-			t.begin() // a transaction that wrote a non-transactional table and rolled back
+			t.begin() // a transaction that wrote a table without XA and rolled back
 		default:
 			if err := s.r.statementWrite(e); err != nil {
 				return err
 			}
-			return t.end(ctx, ev.Header.LogPos) // a COMMIT, or a statement alone (DDL)
+			if !t.open {
+				return t.end(ctx, ev.Header.LogPos) // a statement alone (DDL)
+			}
 		}
 	}
 	return nil
@@ -201,7 +208,7 @@ func (t *txnReader) handle(ctx context.Context, ev *replication.BinlogEvent) err
 // statementWrite refuses an outbox row written to the log as a statement (binlog_format
 // STATEMENT or MIXED in the writer's session): the relay would never see its row.
 func (r *Relay) statementWrite(e *replication.QueryEvent) error {
-	q := strings.ToLower(strings.TrimSpace(string(e.Query)))
+	q := strings.ToLower(skipComments(string(e.Query)))
 	if !strings.HasPrefix(q, "insert") && !strings.HasPrefix(q, "replace") {
 		return nil
 	}
@@ -212,6 +219,30 @@ func (r *Relay) statementWrite(e *replication.QueryEvent) error {
 		"runs binlog_format = STATEMENT or MIXED): the relay cannot read its row. SET GLOBAL binlog_format = 'ROW', set it in "+
 		"the option file, and let the writers reconnect; the row stays in the outbox, unpublished, until a relay reads it "+
 		"(the polling relay does): %.200s", e.Query)
+}
+
+// skipComments drops the comments and spaces a statement begins with (outboxkit's own statements
+// begin with their documentation).
+func skipComments(q string) string {
+	for {
+		q = strings.TrimSpace(q)
+		switch {
+		case strings.HasPrefix(q, "--") || strings.HasPrefix(q, "#"):
+			_, rest, ok := strings.Cut(q, "\n")
+			if !ok {
+				return ""
+			}
+			q = rest
+		case strings.HasPrefix(q, "/*"):
+			_, rest, ok := strings.Cut(q, "*/")
+			if !ok {
+				return ""
+			}
+			q = rest
+		default:
+			return q
+		}
+	}
 }
 
 // rowsEvent takes the outbox's new rows from an insert, and a replayed dead letter from an
