@@ -188,7 +188,7 @@ func (s *session) send(ctx context.Context, it item) error {
 // columnsFor is where the outbox's columns are in the row images of t: by the names the event
 // carries (binlog_row_metadata = FULL), else in the table's order as the catalog says, read again
 // when an event has another count of columns than the ones seen (an ALTER TABLE since).
-func (s *session) columnsFor(t *replication.TableMapEvent) (columnMap, error) {
+func (s *session) columnsFor(ctx context.Context, t *replication.TableMapEvent) (columnMap, error) {
 	if names := t.ColumnNameString(); len(names) == int(t.ColumnCount) && len(names) > 0 {
 		m, err := mapColumns(names)
 		if err != nil {
@@ -200,7 +200,7 @@ func (s *session) columnsFor(t *replication.TableMapEvent) (columnMap, error) {
 	if m, ok := s.columns[n]; ok {
 		return m, nil
 	}
-	names, err := s.r.readColumns(context.Background(), s.db)
+	names, err := s.r.readColumns(ctx, s.db)
 	if err != nil {
 		return columnMap{}, err
 	}

@@ -179,7 +179,7 @@ func (t *txnReader) handle(ctx context.Context, ev *replication.BinlogEvent) err
 		}
 		return t.end(ctx, ev.Header.LogPos)
 	case *replication.RowsEvent:
-		return t.rowsEvent(e)
+		return t.rowsEvent(ctx, e)
 	case *replication.XIDEvent:
 		return t.end(ctx, ev.Header.LogPos)
 	case *replication.QueryEvent:
@@ -247,7 +247,7 @@ func skipComments(q string) string {
 
 // rowsEvent takes the outbox's new rows from an insert, and a replayed dead letter from an
 // update (dead_lettered_at set before, cleared after): the dead letter goes out again.
-func (t *txnReader) rowsEvent(e *replication.RowsEvent) error {
+func (t *txnReader) rowsEvent(ctx context.Context, e *replication.RowsEvent) error {
 	if e.Table != nil && string(e.Table.Table) == "binlog_relays" {
 		t.quiet = true
 		return nil
@@ -256,7 +256,7 @@ func (t *txnReader) rowsEvent(e *replication.RowsEvent) error {
 	if !s.r.isOutbox(e.Table) {
 		return nil
 	}
-	m, err := s.columnsFor(e.Table)
+	m, err := s.columnsFor(ctx, e.Table)
 	if err != nil {
 		return err
 	}
