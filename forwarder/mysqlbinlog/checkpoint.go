@@ -125,6 +125,7 @@ func (c *checkpointState) due(cfg Config, now time.Time) bool {
 // statement that writes two tables (Postgres's data-modifying WITH): the transaction is what
 // makes the removal and the checkpoint one.
 func (d *dispatcher) flush(ctx context.Context) error {
+	d.takeAhead()
 	r, c := d.s.r, &d.ckpt
 	c.last = time.Now()
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -13,6 +13,9 @@ type entry struct {
 	// done: published, or dead-lettered; a transaction's end, and the table's, are done at once.
 	done bool
 	dead bool // dead-lettered: recorded by the checkpoint that passes it
+	// removed is a published row removed from the table ahead of the checkpoint's position
+	// (see takeAhead).
+	removed bool
 	// The last failure: its error, when it happened (a dead letter's time) and, backing off,
 	// when the row is tried again (item.nextAt).
 	lastErr  string
@@ -90,7 +93,7 @@ func (d *dispatcher) run(ctx context.Context) error {
 		if len(batch) > 0 {
 			d.publish(ctx, batch, now)
 			d.advance()
-			if d.ckpt.due(r.cfg, time.Now()) {
+			if d.flushDue() {
 				if err := d.flush(ctx); err != nil {
 					return err
 				}
@@ -98,7 +101,7 @@ func (d *dispatcher) run(ctx context.Context) error {
 			continue
 		}
 		d.advance()
-		if d.ckpt.due(r.cfg, time.Now()) {
+		if d.flushDue() {
 			if err := d.flush(ctx); err != nil {
 				return err
 			}
@@ -235,6 +238,39 @@ func (d *dispatcher) publish(ctx context.Context, batch []*entry, now time.Time)
 	}
 }
 
+// flushDue reports whether a checkpoint is to be written now.
+func (d *dispatcher) flushDue() bool {
+	now := time.Now()
+	if now.Sub(d.ckpt.last) >= d.s.r.cfg.FlushInterval {
+		d.takeAhead()
+	}
+	return d.ckpt.due(d.s.r.cfg, now)
+}
+
+// takeAhead queues for removal, when the window's head waits (backing off, paused), the rows
+// published behind it: the checkpoint's position cannot pass the head, and those rows would
+// otherwise stay in the table, counted as pending by the console and the stats, for as long as
+// the head waits. A relay starting again from the checkpoint publishes them again (they follow
+// its position in the log): a duplicate, as for every row published after the position. Dead
+// letters wait for the position to pass them: the log, read again, would bring the row back.
+func (d *dispatcher) takeAhead() {
+	if d.head >= len(d.fifo) {
+		return
+	}
+	// Only a head that waits: one merely not yet published goes with the next round, and the
+	// position passes its followers then.
+	h, sr := d.fifo[d.head], d.s.fwd
+	if h.done || !(h.nextAt.After(d.s.r.fcfg.Now()) || sr.RelayPaused() || sr.Paused(h.row.Topic)) {
+		return
+	}
+	for _, e := range d.fifo[d.head+1:] {
+		if e.done && !e.dead && !e.end && !e.tableDone && !e.removed {
+			e.removed = true
+			d.ckpt.del = append(d.ckpt.del, e.row.Seq)
+		}
+	}
+}
+
 // advance drops the done entries at the head of the window: a transaction's end moves the
 // checkpoint's position over it, and hands its published rows and dead letters to the next
 // checkpoint.
@@ -263,6 +299,7 @@ func (d *dispatcher) advance() {
 			c.dead = append(c.dead, e)
 		case e.dead:
 			c.txnDead = append(c.txnDead, e)
+		case e.removed:
 		case e.fromTable:
 			c.del = append(c.del, e.row.Seq)
 		default:

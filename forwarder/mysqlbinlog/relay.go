@@ -18,7 +18,10 @@
 // checkpoint, every FlushInterval or FlushRows — never an UPDATE per event. (MySQL has no
 // statement that writes two tables, as Postgres's data-modifying WITH does: the transaction
 // makes the two one.) A relay starting again reads on from the checkpoint: the rows published
-// since the last one are published again — a duplicate, never a loss. The first start of a
+// since the last one are published again — a duplicate, never a loss. While a row waits (backing
+// off, paused) the checkpoint stays behind it; the rows published after it leave the table all
+// the same, and are published again if the relay starts again before the checkpoint passes the
+// waiting row. The first start of a
 // relay group reads the rows already waiting in the table, then the log from where it ended
 // when it started.
 //
