@@ -139,6 +139,13 @@ func (d *dispatcher) run(ctx context.Context) error {
 			timer.Stop()
 		}
 	}
+	if !stopped {
+		// ctx ended: the reader stops at a transaction's end, and what it handed over is taken in,
+		// so that the last checkpoint passes the transactions whose rows were published.
+		for it := range d.s.in {
+			d.add(it)
+		}
+	}
 	d.advance()
 	if r.hooks.crash && ctx.Err() != nil {
 		return nil // as a killed process: no last checkpoint

@@ -107,7 +107,7 @@ func (s *session) readLog(ctx context.Context) error {
 	r.log.Info("Binlog relay reading the binary log", r.fields.Add(watermill.LogFields{"from": s.from.String()}))
 
 	t := txnReader{s: s, file: s.from.file}
-	for {
+	for ctx.Err() == nil { // checked first: GetEvent may take a buffered event over ctx's end
 		ev, err := streamer.GetEvent(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -119,6 +119,7 @@ func (s *session) readLog(ctx context.Context) error {
 			return err
 		}
 	}
+	return nil
 }
 
 // streamError says what a failure of the stream means: a missing privilege and a position the
@@ -308,14 +309,15 @@ func (t *txnReader) add(o outboxRow) {
 	t.rows = append(t.rows, it)
 }
 
-// end hands on the open transaction's rows and its end, at pos of the file being read.
-func (t *txnReader) end(ctx context.Context, pos uint32) error {
+// end hands on the open transaction's rows and its end, at pos of the file being read: all of
+// them, whether ctx ends meanwhile or not, so that a transaction whose rows were published is
+// passed by the last checkpoint (the dispatcher takes in what is handed over until the reader
+// stops, see dispatcher.run).
+func (t *txnReader) end(_ context.Context, pos uint32) error {
 	for _, it := range t.rows {
-		if err := t.s.send(ctx, it); err != nil {
-			return err
-		}
+		t.s.in <- it
 	}
-	err := t.s.send(ctx, item{end: true, gtid: t.gtid, file: t.file, pos: pos, quiet: t.quiet})
+	t.s.in <- item{end: true, gtid: t.gtid, file: t.file, pos: pos, quiet: t.quiet}
 	t.begin()
-	return err
+	return nil
 }
