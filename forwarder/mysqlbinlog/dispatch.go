@@ -267,7 +267,8 @@ func (d *dispatcher) takeAhead() {
 	// Only a head that waits: one merely not yet published goes with the next round, and the
 	// position passes its followers then.
 	h, sr := d.fifo[d.head], d.s.fwd
-	if h.done || !(h.nextAt.After(d.s.r.fcfg.Now()) || sr.RelayPaused() || sr.Paused(h.row.Topic)) {
+	waits := h.nextAt.After(d.s.r.fcfg.Now()) || sr.RelayPaused() || sr.Paused(h.row.Topic)
+	if h.done || !waits {
 		return
 	}
 	for _, e := range d.fifo[d.head+1:] {

@@ -48,7 +48,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"net/url"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -351,5 +350,3 @@ func (r *Relay) lock(ctx context.Context, conn *sql.Conn) error {
 	}
 	return nil
 }
-
-func formatUint(n uint32) string { return strconv.FormatUint(uint64(n), 10) }

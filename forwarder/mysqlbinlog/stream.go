@@ -184,15 +184,15 @@ func (t *txnReader) handle(ctx context.Context, ev *replication.BinlogEvent) err
 	case *replication.XIDEvent:
 		return t.end(ctx, ev.Header.LogPos)
 	case *replication.QueryEvent:
-		switch q := strings.ToUpper(strings.TrimSpace(string(e.Query))); {
-		case q == "BEGIN":
+		switch strings.ToUpper(strings.TrimSpace(string(e.Query))) {
+		case "BEGIN":
 			if !t.open { // MySQL's transactions begin so, after their GTID event, if any
 				t.open = true
 				t.rows, t.quiet = t.rows[:0], false
 			}
-		case q == "COMMIT":
+		case "COMMIT":
 			return t.end(ctx, ev.Header.LogPos) // a transaction on a table without XA (MyISAM, say)
-		case q == "ROLLBACK":
+		case "ROLLBACK":
 			t.begin() // a transaction that wrote a table without XA and rolled back
 		default:
 			if err := s.r.statementWrite(e); err != nil {
