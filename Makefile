@@ -25,15 +25,18 @@ all: lint test
 ## test: everything — unit and integration tests against the local services, with the race detector,
 ## and the console's pages in headless Chromium (installed by scripts/browser.sh; screenshots in
 ## .cache/screens/). The log relay's tests run against a private wal_level = logical cluster
-## (scripts/pg-logical.sh, data in .cache/pg-logical/): started here if it is not running, and
-## stopped after the tests, passed or failed, if this run started it.
+## (scripts/pg-logical.sh, data in .cache/pg-logical/), the binlog relay's against a private
+## MariaDB with the binary log on (scripts/mariadb-binlog.sh, data in .cache/mariadb-binlog/): each
+## started here if it is not running, and stopped after the tests, passed or failed, if this run
+## started it.
 test: services tools browser
-	scripts/pg-logical.sh with env $(SERVICE_ENV) $(GO) test -race -count=1 -timeout 30m $(PKGS)
+	scripts/pg-logical.sh with scripts/mariadb-binlog.sh with env $(SERVICE_ENV) $(GO) test -race -count=1 -timeout 30m $(PKGS)
 
 ## test-unit: the tests that need no service (the others skip, naming the variable they need).
 test-unit:
 	env -u CI -u OUTBOXKIT_REQUIRE_SERVICES -u OUTBOXKIT_TEST_POSTGRES_URL -u OUTBOXKIT_TEST_AMQP_URL \
 		-u OUTBOXKIT_TEST_NATS_URL -u OUTBOXKIT_TEST_REDIS_URL -u OUTBOXKIT_TEST_KAFKA_URL -u OUTBOXKIT_TEST_MYSQL_URL -u OUTBOXKIT_TEST_PGLOGICAL_URL \
+		-u OUTBOXKIT_TEST_MYSQLBINLOG_URL \
 		$(GO) test -race -count=1 $(PKGS)
 
 ## demo: orders → outbox → forwarder → broker → consumers, printed hop by hop. No server needed:

@@ -1,0 +1,352 @@
+// Package mysqlbinlog is the binlog relay: a source for the forwarder that reads the outbox's rows
+// from the binary log of MySQL or MariaDB, as a replica does, instead of claiming them. Rows
+// arrive in commit order, with no claim query, no UPDATE per event and no polling; they go through
+// the forwarder's publish path (the Relay is a forwarder.Source, run by forwarder.RunSource: the
+// broker circuit, backoff, dead-lettering, pauses, heartbeat, metrics, tracing), so a broker sees
+// the same messages as from the polling relay.
+//
+// The relay publishes in rounds: each round hands the forwarder's PublishRows the rows read and
+// not yet published, in commit order — at most BatchSize, a key's rows behind its first one that
+// backs off or is paused left for later — and the forwarder publishes each key's rows in that
+// order, MaxInFlight keys at once. A key's rows are so published in commit order; rows of
+// different keys are not held back by one another.
+//
+// Progress is a checkpoint row in the outbox's database (table binlog_relays, created by the
+// relay): the GTID set read up to (MariaDB's, or MySQL's with gtid_mode = ON), or the binary log
+// file and position where the server has no GTIDs. The relay removes the published rows behind
+// it and records it in one transaction — one DELETE for the rows, in bulk, and one upsert of the
+// checkpoint, every FlushInterval or FlushRows — never an UPDATE per event. (MySQL has no
+// statement that writes two tables, as Postgres's data-modifying WITH does: the transaction
+// makes the two one.) A relay starting again reads on from the checkpoint: the rows published
+// since the last one are published again — a duplicate, never a loss. While a row waits (backing
+// off, paused) the checkpoint stays behind it; the rows published after it leave the table all
+// the same, and are published again if the relay starts again before the checkpoint passes the
+// waiting row. The first start of a
+// relay group reads the rows already waiting in the table, then the log from where it ended
+// when it started.
+//
+// A row that fails backs off, its key's later rows behind it, and its attempt is recorded in the
+// outbox as the polling relay records it (attempts, last_error, next_attempt_at); at
+// MaxAttempts, or when the failure is permanent, it is dead-lettered there, in the checkpoint's
+// transaction that moves past it, for outboxctl and the console. A replayed dead letter is
+// published again: the relay reads the replay's UPDATE from the log.
+//
+// One relay of a group reads at a time: it holds a lock named after the group (GET_LOCK) on the
+// connection that writes its checkpoints, and a second relay of the group waits for it.
+//
+// The server needs the binary log on, binlog_format = ROW, binlog_row_image = FULL, a user with
+// REPLICATION SLAVE and BINLOG MONITOR (REPLICATION CLIENT on MySQL), and a server_id for the
+// relay that no replica of the server has; Run checks each at start and says what to do.
+package mysqlbinlog
+
+import (
+	"context"
+	"crypto/sha256"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ThreeDotsLabs/watermill"
+
+	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/store/mysqlstore"
+)
+
+// Relay reads the outbox from the binary log and publishes it. Run may run once at a time.
+type Relay struct {
+	cfg      Config
+	fcfg     forwarder.Config
+	database string // the outbox's
+	sql      statements
+	serverID uint32
+	host     string // the name the relay registers with the server as a replica
+	lockName string
+	log      watermill.LoggerAdapter
+	fields   watermill.LogFields
+
+	// The replication connection's address and credentials, from URL.
+	addr, user, password string
+
+	running atomic.Bool
+	active  atomic.Bool // reading the binary log now
+	// replicasUnchecked: the user may not list the server's replicas, which was logged once.
+	replicasUnchecked atomic.Bool
+	hooks             hooks
+
+	mu      sync.Mutex
+	reading chan struct{} // closed when the relay starts reading the log; replaced when it stops
+}
+
+// hooks let tests provoke faults and watch the relay. They are zero in production.
+type hooks struct {
+	// crash makes Run return at ctx's end without its last checkpoint, as a killed process would.
+	crash bool
+	// flushes counts the checkpoints written.
+	flushes atomic.Int64
+}
+
+// New validates cfg and builds a Relay. It does not touch the database.
+func New(cfg Config) (*Relay, error) {
+	var errs []error
+	if cfg.Forwarder == nil {
+		errs = append(errs, errors.New("field Forwarder is required: build one with forwarder.New (its Publisher receives the events) on the outbox's mysqlstore"))
+	}
+	var addr, user, password string
+	if cfg.URL == "" {
+		errs = append(errs, errors.New("field URL is required: mysql://user:pass@host:3306/db of the server holding the outbox"))
+	} else if a, u, p, err := parseURL(cfg.URL); err != nil {
+		errs = append(errs, err)
+	} else {
+		addr, user, password = a, u, p
+	}
+	def := func(d *time.Duration, v time.Duration, field string) {
+		if *d == 0 {
+			*d = v
+		}
+		if *d < 0 {
+			errs = append(errs, fmt.Errorf("field %s must be positive, got %s", field, *d))
+		}
+	}
+	def(&cfg.FlushInterval, DefaultFlushInterval, "FlushInterval")
+	def(&cfg.Heartbeat, DefaultHeartbeat, "Heartbeat")
+	if cfg.FlushRows == 0 {
+		cfg.FlushRows = DefaultFlushRows
+	}
+	if cfg.Window == 0 {
+		cfg.Window = DefaultWindow
+	}
+	if cfg.FlushRows < 1 || cfg.Window < 1 {
+		errs = append(errs, fmt.Errorf("fields FlushRows and Window must be at least 1, got %d and %d", cfg.FlushRows, cfg.Window))
+	}
+	var fcfg forwarder.Config
+	if cfg.Forwarder != nil {
+		fcfg = cfg.Forwarder.Config()
+		if info := fcfg.Store.Info(); info.Name != "mysql" {
+			errs = append(errs, fmt.Errorf("field Forwarder: its store is %q, and the binlog relay reads a MySQL or MariaDB outbox: "+
+				"build the forwarder on a mysqlstore (for Postgres, forwarder/pglog reads the write-ahead log)", info.Name))
+		}
+		if fcfg.ParkKeyOnDeadLetter {
+			errs = append(errs, errors.New("field Forwarder: ParkKeyOnDeadLetter is not supported by the binlog relay yet: "+
+				"turn it off, or use the polling relay (forwarder.Run)"))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("mysqlbinlog config: %w", err)
+	}
+	r := &Relay{cfg: cfg, fcfg: fcfg, database: fcfg.Store.Info().Schema, log: fcfg.Logger,
+		addr: addr, user: user, password: password, reading: make(chan struct{})}
+	r.sql = newStatements(r.database)
+	r.serverID = cfg.ServerID
+	if r.serverID == 0 {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(r.database + "\x00" + fcfg.Name))
+		r.serverID = 1<<31 | h.Sum32()&(1<<31-1)
+	}
+	r.host = truncate("outboxkit "+r.database+"/"+fcfg.Name, 255)
+	r.lockName = "outboxkit.binlog." + r.database + "." + fcfg.Name
+	if len(r.lockName) > 64 {
+		// GET_LOCK names are at most 64 characters: keep a start, and a hash of the whole so
+		// that names stay apart.
+		sum := sha256.Sum256([]byte(r.lockName))
+		r.lockName = r.lockName[:40] + "." + hex.EncodeToString(sum[:11])
+	}
+	r.fields = watermill.LogFields{"relay": fcfg.Name, "database": r.database, "server_id": r.serverID}
+	return r, nil
+}
+
+// parseURL takes the replication connection's address and credentials from a mysql:// URL.
+func parseURL(raw string) (addr, user, password string, err error) {
+	if _, err := mysqlstore.DSN(raw); err != nil {
+		return "", "", "", fmt.Errorf("field URL: %w", err)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "", "", "", fmt.Errorf("field URL: %w", err)
+	}
+	if !strings.EqualFold(u.Scheme, "mysql") {
+		return "", "", "", fmt.Errorf("field URL: %q is not a mysql:// URL", u.Redacted())
+	}
+	addr = u.Host
+	if u.Port() == "" {
+		addr += ":3306"
+	}
+	if u.User != nil {
+		user = u.User.Username()
+		password, _ = u.User.Password()
+	}
+	return addr, user, password, nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) > n {
+		return s[:n]
+	}
+	return s
+}
+
+// ServerID is the server_id the relay reads the binary log as.
+func (r *Relay) ServerID() uint32 { return r.serverID }
+
+// Active reports whether the relay reads the binary log now (false while it waits for another
+// relay of its group, or for the server).
+func (r *Relay) Active() bool { return r.active.Load() }
+
+// Reading returns a channel closed once the relay reads the binary log (after a first start's
+// reading of the table): from then on rows committed arrive. After the relay stops reading, a new
+// channel is returned.
+func (r *Relay) Reading() <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reading
+}
+
+func (r *Relay) setActive(on bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.active.Swap(on) == on {
+		return
+	}
+	if on {
+		close(r.reading)
+	} else {
+		r.reading = make(chan struct{})
+	}
+}
+
+// Run relays until ctx ends, then records a last checkpoint of what it published and returns nil
+// once every goroutine it started has stopped.
+//
+// It checks the server at start and returns an error saying what to do when the relay cannot
+// work there: the binary log off, binlog_format not ROW, binlog_row_image not FULL, a user
+// without the privileges to read the log, a ServerID that is the server's own or another
+// replica's, the outbox not migrated; and later, a row event without the outbox's columns, or a
+// checkpoint the server's binary logs no longer hold. Lost connections and broker outages never
+// end it: it reconnects with the forwarder's CircuitBackoff and reads again from its last
+// checkpoint (rows published since are published again: a duplicate, never a loss). While
+// another relay of its group reads the log, it waits.
+//
+// It runs through its Forwarder's RunSource, which reads the pauses and reports the relay (the
+// console lists it) every HeartbeatInterval from the start; so it may not run at once with the
+// Forwarder's Run or another source's run on it.
+func (r *Relay) Run(ctx context.Context) error { return r.cfg.Forwarder.RunSource(ctx, r) }
+
+var _ forwarder.Source = (*Relay)(nil)
+
+// Relay is the binlog relay as a forwarder.Source: Run hands it to its Forwarder's RunSource,
+// which runs the heartbeat beside it, and it does all that Run says with sr as its publish path
+// and pauses. Call Run; Relay is exported to implement the interface.
+func (r *Relay) Relay(ctx context.Context, sr *forwarder.SourceRelay) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("mysqlbinlog: Run is already running on this Relay; create another Relay for a second relay of the group")
+	}
+	defer r.running.Store(false)
+	if sr.Transactions() != nil {
+		return fmt.Errorf("binlog relay %s: the forwarder's publisher is transactional, which the binlog relay does not support yet: "+
+			"use the polling relay (forwarder.Run) with it, or a publisher without transactions", r.fcfg.Name)
+	}
+	dsn, err := mysqlstore.DSN(r.cfg.URL)
+	if err != nil {
+		return err
+	}
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		return fmt.Errorf("binlog relay %s: %w", r.fcfg.Name, err)
+	}
+	defer db.Close()
+	// The checkpoint's connection (which holds the lock), the statements beside it and a page
+	// of the first start's reading of the table.
+	db.SetMaxOpenConns(4)
+
+	s, err := r.checkServer(ctx, db)
+	if err != nil {
+		return fmt.Errorf("binlog relay %s: %w", r.fcfg.Name, err)
+	}
+	mode := "file and position"
+	if s.useGTID(r.cfg.FilePosition) {
+		mode = "GTID"
+	}
+	r.log.Info("Binlog relay starting", r.fields.Add(watermill.LogFields{"server": s.version, "progress": mode}))
+	failures := 0
+	for {
+		err := r.session(ctx, db, s, sr)
+		r.setActive(false)
+		if ctx.Err() != nil {
+			r.log.Info("Binlog relay stopped", r.fields)
+			return nil
+		}
+		var wait time.Duration
+		switch {
+		case err == nil:
+			failures, wait = 0, r.fcfg.CircuitBackoff.Delay(1) // the stream ended without an error: read on
+		case isFatal(err):
+			return fmt.Errorf("binlog relay %s: %w", r.fcfg.Name, err)
+		default:
+			failures++
+			wait = r.fcfg.CircuitBackoff.Delay(failures)
+			r.log.Error("Binlog relay session failed, reading again from the last checkpoint", err,
+				r.fields.Add(watermill.LogFields{"retry_in": wait}))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// checkServer refuses what no retry fixes, each with what to do about it.
+func (r *Relay) checkServer(ctx context.Context, db *sql.DB) (settings, error) {
+	s, err := r.readSettings(ctx, db)
+	if err != nil {
+		return s, err
+	}
+	if err := checkSettings(s, r.serverID); err != nil {
+		return s, err
+	}
+	if err := r.checkPrivileges(ctx, db, s); err != nil {
+		return s, err
+	}
+	return s, r.checkSchema(ctx, db, s)
+}
+
+// fatalError is a condition no retry ends: the relay returns it.
+type fatalError struct{ err error }
+
+func (e fatalError) Error() string { return e.err.Error() }
+func (e fatalError) Unwrap() error { return e.err }
+
+func fatal(format string, args ...any) error { return fatalError{fmt.Errorf(format, args...)} }
+
+func isFatal(err error) bool {
+	var f fatalError
+	return errors.As(err, &f)
+}
+
+// errLockHeld is a session that found the group's lock held by another relay.
+var errLockHeld = errors.New("another relay of the group holds its lock")
+
+// lockWait is how long one GET_LOCK waits for the group's lock before the relay asks again
+// (and looks at its context).
+const lockWait = time.Second
+
+// lock takes the relay group's lock on conn, waiting up to lockWait for another relay to
+// release it.
+func (r *Relay) lock(ctx context.Context, conn *sql.Conn) error {
+	var got sql.NullInt64
+	if err := conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", r.lockName, int(lockWait/time.Second)).Scan(&got); err != nil {
+		return fmt.Errorf("take the relay group's lock %s: %w", r.lockName, err)
+	}
+	if got.Int64 != 1 {
+		return errLockHeld
+	}
+	return nil
+}
