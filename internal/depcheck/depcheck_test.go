@@ -28,6 +28,9 @@ func deps(t *testing.T, pkg string) []string {
 var heavy = map[string]string{
 	"github.com/jackc/pgx/v5":                        "pgx",
 	"github.com/jackc/pglogrepl":                     "pglogrepl",
+	"github.com/go-mysql-org/go-mysql":               "go-mysql",
+	"github.com/pingcap/tidb":                        "go-mysql", // what go-mysql compiles of TiDB's parser, with its logger
+	"go.uber.org/zap":                                "go-mysql",
 	"github.com/lib/pq":                              "lib/pq",
 	"github.com/go-sql-driver/mysql":                 "go-sql-driver/mysql",
 	"modernc.org/sqlite":                             "modernc.org/sqlite",
@@ -60,7 +63,8 @@ var allowed = map[string][]string{
 	"store/pgxstore":           {"pgx"},
 	"pipeline":                 nil,
 	"forwarder":                nil,
-	"forwarder/pglog":          {"pgx", "pglogrepl"}, // the log relay: Postgres's replication protocol
+	"forwarder/pglog":          {"pgx", "pglogrepl"},                            // the log relay: Postgres's replication protocol
+	"forwarder/mysqlbinlog":    {"go-mysql", "go-sql-driver/mysql", "net/http"}, // the binlog relay: MySQL's replication protocol (go-mysql compiles net/http), its store's driver
 	"middleware":               nil,
 	"handlers":                 nil,
 	"backends":                 nil,
