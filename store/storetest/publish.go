@@ -24,6 +24,7 @@ func publishTests[TTx any]() []test[TTx] {
 		{"OneMessageIDAcrossOutboxAndInbox", oneMessageID[TTx]},
 		{"FinishedTransaction", finishedTransaction[TTx]},
 		{"WithoutMigrationSaysWhatToDo", withoutMigration[TTx]},
+		{"SQLWriterMatchesGoWriter", sqlWriterMatchesGo[TTx]},
 	}
 }
 

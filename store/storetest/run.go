@@ -13,6 +13,7 @@ import (
 func runTests[TTx any]() []test[TTx] {
 	return []test[TTx]{
 		{"ACommitIsPublishedAtOnce", writerWakesTheRelay[TTx]},
+		{"ACommitBySQLIsPublishedAtOnce", sqlWriterWakesTheRelay[TTx]},
 		{"PollsWithoutWakeUps", pollsWithoutWakeUps[TTx]},
 		{"RefusesASecondConcurrentRun", refusesASecondRun[TTx]},
 	}

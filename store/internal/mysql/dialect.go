@@ -270,6 +270,36 @@ func checkVersion(version string) error {
 	return nil
 }
 
+// statements splits a migration into its statements as the mysql client does: each ends with
+// ";" at the end of a line, or with the delimiter a DELIMITER line sets, which a procedure needs
+// around its body (whose statements end with ";"). The delimiter is not sent.
+func statements(sql string) []string {
+	var out []string
+	delimiter, section := ";", ""
+	flush := func() {
+		if delimiter == ";" {
+			out = append(out, sqlstore.Statements(section)...)
+		} else {
+			for _, stmt := range strings.Split(section, delimiter+"\n") {
+				if stmt = strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(stmt), delimiter)); stmt != "" {
+					out = append(out, stmt)
+				}
+			}
+		}
+		section = ""
+	}
+	for _, line := range strings.SplitAfter(sql, "\n") {
+		if f := strings.Fields(line); len(f) == 2 && strings.EqualFold(f[0], "DELIMITER") {
+			flush()
+			delimiter = f[1]
+			continue
+		}
+		section += line
+	}
+	flush()
+	return out
+}
+
 // alreadyApplied reports whether a migration statement failed only because a run cut short had
 // applied it: MySQL 8 has no ADD COLUMN IF NOT EXISTS (MariaDB has), and DDL commits by itself.
 func alreadyApplied(err error) bool {
@@ -364,7 +394,7 @@ func (d *Dialect) Migrate(ctx context.Context, db dbexec.DB) (store.MigrateResul
 		if present > 0 {
 			continue
 		}
-		for _, stmt := range sqlstore.Statements(d.render(m.SQL)) {
+		for _, stmt := range statements(d.render(m.SQL)) {
 			if _, err := conn.Exec(ctx, stmt); err != nil && !alreadyApplied(err) {
 				return res, fmt.Errorf("migrate database %s: apply %04d_%s: %w", d.database, m.Version, m.Name, err)
 			}

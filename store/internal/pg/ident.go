@@ -3,6 +3,7 @@ package pg
 import (
 	"fmt"
 	"regexp"
+	"strings"
 
 	"github.com/outboxkit/outboxkit/internal/pgsql"
 )
@@ -42,5 +43,11 @@ func (n Name) Ident() string { return pgsql.Ident(string(n)) }
 // NotifyChannel is the LISTEN/NOTIFY channel on which writers wake the relays of this schema.
 func (n Name) NotifyChannel() string { return string(n) + "_outbox" }
 
-// Render replaces {{schema}} in a SQL text with the quoted schema name.
-func (n Name) Render(sql string) string { return pgsql.Render(string(n), sql) }
+// Render replaces {{schema}} in a SQL text with the quoted schema name, and {{schema_name}} and
+// {{notify_channel}} (written inside a string literal, as a function body names them) with the
+// schema's bare name and NotifyChannel: a valid name has no quote to escape.
+func (n Name) Render(sql string) string {
+	sql = strings.ReplaceAll(sql, "{{schema_name}}", string(n))
+	sql = strings.ReplaceAll(sql, "{{notify_channel}}", n.NotifyChannel())
+	return pgsql.Render(string(n), sql)
+}
