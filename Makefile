@@ -139,7 +139,8 @@ services:
 browser:
 	@scripts/browser.sh
 
-## tools: the clients outboxkit does not control that the interoperability tests drive (kcat, amqplib).
+## tools: the clients outboxkit does not control that the interoperability tests drive: kcat, the Node
+## packages of tools/interop (amqplib, pg), Python's psycopg2 and the PostgreSQL JDBC driver (Debian's).
 tools:
 	@scripts/tools.sh
 
