@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -527,4 +528,147 @@ func TestTxnInterruptedBackfillPublishesNothingTwice(t *testing.T) {
 		return pg.Int(t, `SELECT coalesce((confirmed_flush_lsn - '0/0')::bigint, 0) FROM pg_replication_slots WHERE slot_name = $1`, dead.SlotName()) >= end
 	})
 	b.checkExactlyOnce(t, all)
+}
+
+// Relays killed one after another at random points — after a commit before its checkpoint, with
+// a transaction open, at a random instant (in their start and recovery too) — while a writer
+// goes on: the committed transactions hold every event exactly once, each key in order. With a
+// key the broker refuses (its refused records landing in the transaction all the same), none of
+// its events is ever visible: they are dead-lettered, or parked behind the first one.
+func TestTxnRelaysKilledAtRandomPointsExactlyOnce(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name      string
+		wal, park bool
+		refused   bool
+	}{
+		{name: "table"},
+		{name: "wal", wal: true},
+		{name: "table, a refused key", refused: true},
+		{name: "table, a refused key parked", refused: true, park: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			pg := testenv.NewLogicalPG(t)
+			b := newTxnBroker()
+			tune := func(f *forwarder.Config, c *pglog.Config) {
+				f.MaxAttempts, f.ParkKeyOnDeadLetter = 2, tc.park
+				if tc.wal {
+					walMode(f, c)
+				}
+			}
+			const events, keys = 1200, 12
+			key := func(i int) string {
+				if tc.refused && i%10 == 3 {
+					return "refused"
+				}
+				return fmt.Sprintf("k%d", i%keys)
+			}
+			var writeEvent func(i int) string
+			if tc.wal {
+				st := walStore(t, pg)
+				// WAL mode needs the slot before the first write.
+				if err := run(t, relayOn(t, pg, b.producer(), tune))(); err != nil {
+					t.Fatal(err)
+				}
+				writeEvent = func(i int) string {
+					id, err := transact(st, key(i))
+					if err != nil {
+						t.Error(err)
+					}
+					return id
+				}
+			} else {
+				writeEvent = func(i int) string { return write(t, pg, key(i), 1)[0] }
+			}
+			var (
+				mu      sync.Mutex
+				good    []string
+				refused int
+			)
+			add := func(i int, id string) {
+				mu.Lock()
+				defer mu.Unlock()
+				if key(i) == "refused" {
+					refused++
+				} else {
+					good = append(good, id)
+				}
+			}
+			for i := range events / 4 { // some before the first relay: a backfill in table mode
+				add(i, writeEvent(i))
+			}
+			wrote := make(chan struct{})
+			go func() {
+				defer close(wrote)
+				for i := events / 4; i < events; i++ {
+					add(i, writeEvent(i))
+				}
+			}()
+
+			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+			byPoint := map[string]int{}
+			producer := func() *txnProducer {
+				p := b.producer()
+				p.fail = func(m *message.Message) error {
+					if m.Metadata.Get(outboxkit.MetadataPartitionKey) == "refused" {
+						return errors.New("message too large")
+					}
+					return nil
+				}
+				return p
+			}
+			for kill := 0; kill < 40; kill++ {
+				ctx, cancel := context.WithCancel(context.Background())
+				p := producer()
+				r := relayOn(t, pg, p, func(f *forwarder.Config, c *pglog.Config) {
+					tune(f, c)
+					c.FlushRows, c.FlushInterval = 10+rng.IntN(40), time.Duration(5+rng.IntN(40))*time.Millisecond
+					c.StatusInterval = time.Duration(5+rng.IntN(200)) * time.Millisecond
+				})
+				pglog.CrashOnStop(r)
+				point := []string{"after_commit", "txn_open", "instant"}[rng.IntN(3)]
+				byPoint[point]++
+				switch point {
+				case "after_commit":
+					n, at := 0, 1+rng.IntN(3)
+					pglog.AfterCommit(r, func() {
+						if n++; n == at {
+							cancel()
+						}
+					})
+				case "txn_open":
+					at := 1 + rng.IntN(60)
+					p.afterPublish = func(n int) {
+						if n == at {
+							cancel()
+						}
+					}
+				}
+				timer := time.AfterFunc(time.Duration(rng.IntN(300))*time.Millisecond+50*time.Millisecond, cancel)
+				// A kill in the start's checks ends them with the context's error.
+				if err := r.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+					t.Fatalf("relay %d: %v", kill, err)
+				}
+				timer.Stop()
+				cancel()
+			}
+			<-wrote
+			run(t, relayOn(t, pg, producer(), tune))
+			mu.Lock()
+			all := append([]string(nil), good...)
+			mu.Unlock()
+			testenv.Eventually(t, 60*time.Second, "every event committed", func() bool { return b.has(all) })
+			if !tc.wal {
+				testenv.Eventually(t, 20*time.Second, "the outbox down to the refused key's events", func() bool {
+					return outboxRows(t, pg) == refused &&
+						pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE partition_key = 'refused'`) == refused
+				})
+			}
+			b.checkExactlyOnce(t, all)
+			b.mu.Lock()
+			t.Logf("%d events, %d refused, 40 relays killed %v, %d commits, %d aborts", len(all), refused, byPoint, b.commits, b.aborts)
+			b.mu.Unlock()
+		})
+	}
 }
