@@ -78,6 +78,9 @@ type Delivery struct {
 	// Failed are the rows whose publish failed because of the message: each is to be tried again
 	// at NextAttemptAt, or, DeadLettered, parked for an operator. The caller records them.
 	Failed []store.FailedRow
+	// Fenced is the publisher's refusal of this relay for good (outboxkit.IsFenced): another relay
+	// of its group took over. The rows are then released, none failed, and the source stops.
+	Fenced error
 }
 
 // PublishRows publishes rows the source read through the path of a pass: rows grouped by
@@ -160,6 +163,11 @@ func (f *Forwarder) publishSource(ctx context.Context, rows []store.OutboxRow, l
 		out.unreachable = nil // another row in flight opened the circuit for this outage
 	}
 	out.released += released
+	if fenced := out.fenced(); fenced != nil {
+		// Not the rows' failure, and not an outage: the source stops, its successor publishes them.
+		n := len(rows) + released
+		return Delivery{Result: Result{Claimed: n, Released: n}, Fenced: fenced}
+	}
 	o, dead := f.outcome(out)
 	d := Delivery{Result: Result{Claimed: len(rows) + released}, Published: o.Published, Failed: o.Failed}
 	f.report(rows, out, o, dead, &d.Result)

@@ -21,6 +21,7 @@ type checkpointState struct {
 	flushedLSN  pglogrepl.LSN       // the position the last checkpoint recorded
 	del         []string            // published rows' uuids, removed at the next flush
 	xids        []uint32            // their writers' transaction ids (0s left out), see runFlush
+	tableSeqs   []int64             // with transactions, the seqs of those read from the table (txnFlushed)
 	last        time.Time           // when the last checkpoint was taken
 }
 
@@ -73,6 +74,7 @@ func (d *dispatcher) awaitFlush() error {
 type flushJob struct {
 	del         []string // published rows' uuids
 	xids        []uint32 // their writers' transaction ids (0s left out)
+	tableSeqs   []int64  // with transactions, the seqs of those read from the table
 	hide        bool     // the hideRows hook: remove none
 	dead        []deadRow
 	park        []store.OutboxRow
@@ -98,7 +100,7 @@ func (d *dispatcher) takeFlush() *flushJob {
 		return nil
 	}
 	r := d.s.r
-	j := &flushJob{del: d.checkpoint.del, xids: d.checkpoint.xids, dead: d.dead.pending, park: d.park.rows,
+	j := &flushJob{del: d.checkpoint.del, xids: d.checkpoint.xids, tableSeqs: d.checkpoint.tableSeqs, dead: d.dead.pending, park: d.park.rows,
 		confirmable: d.checkpoint.confirmable, popped: d.window.popped}
 	if r.hooks.hideRows > 0 && len(j.del) > 0 {
 		r.hooks.hideRows--
@@ -113,7 +115,7 @@ func (d *dispatcher) takeFlush() *flushJob {
 			j.parkFrom[k] = from
 		}
 	}
-	d.checkpoint.del, d.checkpoint.xids, d.dead.pending, d.park.rows = nil, nil, nil, nil
+	d.checkpoint.del, d.checkpoint.xids, d.checkpoint.tableSeqs, d.dead.pending, d.park.rows = nil, nil, nil, nil, nil
 	return j
 }
 
@@ -127,6 +129,9 @@ func (d *dispatcher) flushed(res checkpointDone) error {
 		if from, ok := d.park.keys[k]; ok && from == j.parkFrom[k] {
 			d.park.keys[k] = seq // the key waits from the dead letter's row now, not from its place in the log
 		}
+	}
+	if d.txn.pub != nil {
+		d.txnFlushed(j)
 	}
 	d.checkpoint.flushedLSN = j.confirmable
 	d.s.ack.Store(uint64(j.confirmable))
@@ -220,6 +225,9 @@ func (d *dispatcher) runFlush(ctx context.Context, j *flushJob) checkpointDone {
 // queueDelete queues a published row's removal at the next flush.
 func (d *dispatcher) queueDelete(e *entry) {
 	d.checkpoint.del = append(d.checkpoint.del, e.delKey)
+	if d.txn.pub != nil && e.commit == 0 {
+		d.checkpoint.tableSeqs = append(d.checkpoint.tableSeqs, e.row.Seq)
+	}
 	if e.xid != 0 && (len(d.checkpoint.xids) == 0 || d.checkpoint.xids[len(d.checkpoint.xids)-1] != e.xid) {
 		d.checkpoint.xids = append(d.checkpoint.xids, e.xid)
 	}

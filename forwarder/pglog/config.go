@@ -61,6 +61,15 @@ type Config struct {
 
 	// FlushInterval and FlushRows bound how long, and for how many published rows, the removal of
 	// published outbox rows (and the checkpoint with it) waits, in one DELETE. Defaults 1s and 1000.
+	//
+	// With a transactional publisher (the Kafka backend with a transactional_id) they are the
+	// transaction's bounds too: a transaction commits at each checkpoint, when FlushInterval has
+	// passed or it holds FlushRows rows, and a read_committed consumer sees an event only then.
+	// So FlushInterval is the most an event waits, once published, to become visible (plus the
+	// commit's round trip), and a shorter one costs more transactions per second: each commit
+	// writes a progress record and waits for the coordinator, and publishing pauses for it while
+	// the rows in flight finish. The default gives at most one transaction per second when events
+	// trickle, and one per 1000 events under load.
 	FlushInterval time.Duration
 	FlushRows     int
 

@@ -103,7 +103,7 @@ func (d *decoder) insert(m *pglogrepl.InsertMessage) (it item, ok bool, err erro
 	if uuidText != nil {
 		row.UUID = *uuidText
 	}
-	return item{row: row, delKey: *uuidKey, xid: d.xid, replayed: it.replayed}, true, nil
+	return item{row: row, delKey: *uuidKey, xid: d.xid, commit: d.finalLSN, replayed: it.replayed}, true, nil
 }
 
 // message decodes a logical decoding message: ok is false for other prefixes. One with the
@@ -120,5 +120,5 @@ func (d *decoder) message(m *pglogrepl.LogicalDecodingMessage) (it item, ok bool
 		return item{row: store.OutboxRow{Seq: seq, Payload: content, CreatedAt: d.commitTime}, bad: err, lsn: m.LSN}, true
 	}
 	return item{row: store.OutboxRow{Seq: seq, UUID: e.UUID, Topic: e.Topic, PartitionKey: e.PartitionKey,
-		Payload: e.Payload, Metadata: e.Metadata, CreatedAt: d.commitTime}, lsn: m.LSN}, true
+		Payload: e.Payload, Metadata: e.Metadata, CreatedAt: d.commitTime}, lsn: m.LSN, commit: d.finalLSN}, true
 }

@@ -2,7 +2,10 @@ package pglog
 
 import (
 	"context"
+	"errors"
 	"time"
+
+	"github.com/outboxkit/outboxkit/forwarder"
 )
 
 // entry is an item in the dispatcher's window, oldest first.
@@ -12,6 +15,10 @@ type entry struct {
 	nextAt time.Time
 	// inFlight is a row being published: until its outcome comes back, its key's later rows wait.
 	inFlight bool
+	// pending is a row published in the open transaction (txn.go): done for its key's later rows,
+	// which may follow it into the transaction, but neither passed by the head nor compacted until
+	// the transaction commits — so no checkpoint removes it or records a position past it first.
+	pending bool
 	// extra counts the items compact dropped in favour of this one: it stands for 1 + extra.
 	extra int64
 	// readBack is a row check read back from the table: its removal waits for its check's
@@ -45,6 +52,7 @@ type dispatcher struct {
 	checkpoint checkpointState // the removal of published rows and the position recorded with it (checkpoint.go)
 	park       parkState       // keys parked behind a dead letter, with ParkKeyOnDeadLetter (park.go)
 	dead       deadLetterState // dead letters waiting for the next checkpoint (dead_letters.go)
+	txn        txnState        // the broker's transactions, with a transactional publisher (txn.go)
 }
 
 func newDispatcher(s *session) *dispatcher {
@@ -53,6 +61,11 @@ func newDispatcher(s *session) *dispatcher {
 		held: map[string]bool{}, paused: map[string]bool{}, seqs: map[int64]bool{}}
 	d.checkpoint.last = time.Now()
 	d.park = parkState{keys: map[string]int64{}, checkKeys: map[string]bool{}, drained: map[string]int64{}}
+	var pub forwarder.TransactionalPublisher
+	if s.fwd != nil { // nil in tests of the window alone
+		pub = s.fwd.Transactions()
+	}
+	d.txn = newTxnState(pub)
 	return d
 }
 
@@ -62,6 +75,11 @@ func newDispatcher(s *session) *dispatcher {
 func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 	r := d.s.r
 	pubCtx, cancelPub := context.WithCancel(stop)
+	if d.txn.pub != nil {
+		// The rows in flight at the stop finish (PublishTimeout bounds each) and commit with the
+		// last transaction: cut short, they would abort it, and its rows would go again.
+		pubCtx, cancelPub = context.WithCancel(context.WithoutCancel(stop))
+	}
 	d.publish.ctx = pubCtx
 	defer func() {
 		cancelPub()
@@ -69,6 +87,9 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 			close(d.s.failed)
 		}
 		d.settle()
+		if err != nil && !errors.Is(err, errCrashed) {
+			d.abortOpen(ctx) // the next session reads its rows again
+		}
 		if err != nil {
 			for range d.s.in { // let the reader finish
 			}
@@ -109,12 +130,22 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 		if err := d.deadLetterBad(ctx); err != nil {
 			return err
 		}
+		if d.txn.fenced != nil {
+			return fatalError{d.txn.fenced}
+		}
+		if d.txnDue() {
+			if err := d.checkpointTxn(ctx, stop); err != nil {
+				return err
+			}
+		}
 		now := r.fcfg.Now()
 		// Taken before the pauses are read: a resume after this closes it.
 		pausesChanged := d.s.fwd.PausesChanged()
 		wakeAt := time.Time{}
 		if stop.Err() == nil {
-			wakeAt = d.launch(now)
+			if wakeAt, err = d.launch(ctx, now); err != nil {
+				return err
+			}
 		}
 		d.advance()
 		if len(d.checkpoint.del) >= r.cfg.FlushRows || time.Since(d.checkpoint.last) >= r.cfg.FlushInterval {
@@ -161,6 +192,11 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 					return err
 				}
 			}
+			if d.txn.open {
+				if err := d.checkpointTxn(ctx, stop); err != nil {
+					return err
+				}
+			}
 			d.startFlush(ctx)
 			// Alive, and its database answers: the last pass stays current while idle or paused.
 			d.s.fwd.IdlePass()
@@ -187,7 +223,10 @@ func (d *dispatcher) run(ctx, stop context.Context) (err error) {
 	}
 	d.advance()
 	if r.hooks.crash && stop.Err() != nil {
-		return nil // as a killed process: nothing flushed, nothing confirmed
+		return nil // as a killed process: nothing flushed, nothing confirmed, nothing committed
+	}
+	if err := d.endTxn(ctx, stop); err != nil {
+		return err
 	}
 	return d.flush(ctx)
 }

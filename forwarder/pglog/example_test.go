@@ -6,12 +6,15 @@ import (
 	"log"
 	"os"
 	"os/signal"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends"
-	_ "github.com/outboxkit/outboxkit/backends/amqpbackend" // the broker's package
+	_ "github.com/outboxkit/outboxkit/backends/amqpbackend"  // the broker's package
+	_ "github.com/outboxkit/outboxkit/backends/kafkabackend" // the other example's
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/forwarder/pglog"
 	"github.com/outboxkit/outboxkit/prom"
@@ -44,6 +47,40 @@ func ExampleNew() {
 		log.Fatal(err)
 	}
 	if err := relay.Run(ctx); err != nil { // until ctx ends: SIGINT here
+		log.Fatal(err)
+	}
+}
+
+// The log relay into Kafka exactly once, for consumers that read only committed records: a
+// transactional_id in the broker's URL makes the forwarder's publisher transactional, and the
+// relay commits a Kafka transaction at each checkpoint. FlushInterval is then the most an event
+// waits, once published, to become visible: shorter means fresher events and more transactions a
+// second. Each relay group (the forwarder's Name) needs a transactional id of its own; a relay
+// whose group another one took over is fenced, and Run returns that error.
+func ExampleNew_exactlyOnceIntoKafka() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	st, err := pgxstore.Open(ctx, os.Getenv("DATABASE_URL"), pgxstore.Config{PollOnly: true})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer st.Pool().Close()
+	broker, err := backends.Open(ctx, "kafka://kafka:9092?transactional_id=orders-log-relay", backends.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer broker.Close()
+	f, err := forwarder.New(forwarder.Config{Store: st, Publisher: broker.Publisher, Name: "orders"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	relay, err := pglog.New(pglog.Config{Forwarder: f, Pool: st.Pool(), FlushInterval: 200 * time.Millisecond})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := relay.Run(ctx); outboxkit.IsFenced(err) {
+		log.Fatalf("another relay took the group over: %v", err) // exit; a supervisor restarts this one as a standby
+	} else if err != nil {
 		log.Fatal(err)
 	}
 }

@@ -17,3 +17,7 @@ func WaitVisible(ctx context.Context, r *Relay, xids []uint32) error {
 
 // ParkedChecks is how many times r's dispatcher has read its parked keys from the table.
 func ParkedChecks(r *Relay) int64 { return r.hooks.checks.Load() }
+
+// AfterCommit makes fn run after each transaction r commits, before its checkpoint. With
+// CrashOnStop, an fn that ends Run's context stops r there, as a killed process would.
+func AfterCommit(r *Relay, fn func()) { r.hooks.afterCommit = fn }

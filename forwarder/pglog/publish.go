@@ -33,21 +33,33 @@ type publishState struct {
 
 // launch starts the rows that may go now (see eligible), up to MaxInFlight rows in flight — one
 // while probing an unreachable broker — and says when to look again for a row that backs off or
-// for the circuit's probe time.
-func (d *dispatcher) launch(now time.Time) time.Time {
+// for the circuit's probe time. With transactions, no row goes before the session's recovery,
+// and the first one opens the transaction.
+func (d *dispatcher) launch(ctx context.Context, now time.Time) (time.Time, error) {
+	if d.txn.pub != nil && !d.txn.ready {
+		return time.Time{}, nil // the recovery item wakes the loop
+	}
 	limit := d.s.r.fcfg.MaxInFlight
 	if d.publish.probing {
 		limit = 1
 	}
 	free := max(limit-d.publish.inFlight, 0)
 	if free == 0 && (!d.s.fwd.Pausing() || time.Since(d.publish.countedAt) < heldCountEvery) {
-		return time.Time{} // an outcome coming back wakes the loop
+		return time.Time{}, nil // an outcome coming back wakes the loop
 	}
 	batch, wakeAt := d.eligible(now, free)
 	for _, e := range batch {
+		if d.txn.pub != nil {
+			if d.joinsOpen(e) {
+				continue
+			}
+			if err := d.beginTxn(ctx); err != nil {
+				return wakeAt, err
+			}
+		}
 		d.start(e)
 	}
-	return wakeAt
+	return wakeAt, nil
 }
 
 // eligible picks, in commit order, up to limit rows: each key's oldest row not done, while due,
@@ -181,11 +193,26 @@ func (d *dispatcher) complete(c completion) {
 	if del.CircuitOpen {
 		d.publish.pauseUntil = del.RetryAt
 	}
+	if del.Fenced != nil {
+		d.txn.fenced = del.Fenced // the loop stops
+		return
+	}
 	if len(del.Published) > 0 {
 		e.done = true
 		d.window.doneBehind++
+		if d.txn.pub != nil {
+			// Kept whole until the transaction commits: an abort sends it again.
+			e.pending = true
+			d.txn.rows = append(d.txn.rows, e)
+			d.txn.seqs[e.row.Seq] = true
+			return
+		}
 		e.row.Payload, e.row.Metadata = nil, nil
 		return
+	}
+	if d.txn.pub != nil && !del.CircuitOpen {
+		// Sent and not confirmed: it may be in the transaction all the same (see txn.go).
+		d.txn.poisoned = true
 	}
 	d.publish.scan = d.window.head // e is behind it, and not done unless dead-lettered
 	for _, f := range del.Failed {

@@ -24,6 +24,16 @@
 // One relay reads a slot at a time (the server refuses a second reader); others wait as standbys
 // and take over within StandbyRetry of the active one's connection closing.
 //
+// With a transactional publisher (forwarder.TransactionalPublisher: the Kafka backend with a
+// transactional_id) the relay publishes exactly once for consumers that read only committed
+// records: each checkpoint first commits the broker transaction holding the rows published since
+// the last one, with a progress record saying which rows the broker has that a restart could read
+// again, and only then removes them and records the position. A relay that takes the group over
+// fences its predecessor (whose Run then returns an error marked outboxkit.Fenced), and skips
+// what the broker committed instead of publishing it again; what an unfinished transaction
+// published was never visible and goes again. The checkpoint's FlushInterval is then the most an
+// event waits to become visible.
+//
 // The server needs wal_level = logical, a free replication slot and a role with the REPLICATION
 // attribute; Run checks each at start and says what to do.
 package pglog
@@ -83,6 +93,9 @@ type hooks struct {
 	// beforeConfirm runs in each flush that has something to do, before it removes or confirms
 	// anything (faults.InjectBeforeConfirm); an error fails the flush there.
 	beforeConfirm func() error
+	// afterCommit runs after each transaction the relay commits, before its checkpoint; with
+	// crash, once it ended Run's context the relay stops there, as a killed process would.
+	afterCommit func()
 }
 
 func init() {

@@ -28,12 +28,18 @@ type item struct {
 	// xid is the writing transaction's id (its low 32 bits, as pgoutput sends it) for a row read
 	// from the log; 0 for a row read from the table (a backfill), visible by then.
 	xid uint32
+	// commit is the writing transaction's commit position for a row read from the log; 0 for a
+	// row read from the table.
+	commit pglogrepl.LSN
 	// replayed is an outbox row that carries a last error: a dead letter written again by a
 	// replay, which may unpark its key (see dispatcher.check).
 	replayed bool
 	// start asks the dispatcher to read the keys parked behind dead letters from the table, and,
 	// with drain, to read back their rows that may go (see dispatcher.check). Sent first.
 	start, drain bool
+	// recovery is, with a transactional publisher, what the session read when it took the relay
+	// group over: no row goes before it (txn.go).
+	recovery *txnRecovery
 }
 
 // session is one replication connection's life: set the slot up (backfilling after a lost one),
@@ -173,9 +179,40 @@ func (r *Relay) session(ctx context.Context, fwd *forwarder.SourceRelay) error {
 		return finish(err)
 	}
 
+	// With a transactional publisher the session takes the relay group over (txn.go) once it may
+	// publish — after it made the slot or started reading it, so that a standby waiting for the
+	// slot does not fence the relay reading it — and before any row goes.
+	pub := fwd.Transactions()
+	recovered := false
+	takeOver := func(belowFromTable bool) error {
+		if pub == nil || recovered {
+			return nil
+		}
+		recovered = true
+		return s.recoverTxn(ctx, pub, belowFromTable)
+	}
+	remade := false
+	if pub != nil && slot.exists && cp.exists && cp.confirmed == 0 && r.cfg.Mode == ModeTable {
+		// A backfill began and did not finish. Read without the slot's snapshot, the table as it
+		// stands holds rows the log carries too, and a row removed after the backfill published it
+		// would come again from the log: make the slot again, with a snapshot, as after a lost one.
+		// In table mode the rows left in the outbox are every event not yet handled.
+		if err := takeOver(false); err != nil {
+			return finish(err)
+		}
+		r.log.Info("Making the slot again to finish a backfill the relay began before it stopped", r.fields)
+		if err := pglogrepl.DropReplicationSlot(ctx, conn, r.cfg.SlotName, pglogrepl.DropReplicationSlotOptions{}); err != nil {
+			if sqlState(err) == codeObjectInUse {
+				return finish(errSlotBusy)
+			}
+			return finish(fmt.Errorf("drop slot %s to make it again: %w", r.cfg.SlotName, err))
+		}
+		slot, remade = slotState{}, true
+	}
+
 	switch {
 	case !slot.exists:
-		if cp.exists && !invalidated {
+		if cp.exists && !invalidated && !remade {
 			r.log.Error("Replication slot missing although the relay has read from it before (dropped by hand, or lost in a failover): "+
 				recovery, nil, r.fields)
 		}
@@ -203,6 +240,9 @@ func (r *Relay) session(ctx context.Context, fwd *forwarder.SourceRelay) error {
 			return finish(fmt.Errorf("slot %s: consistent point %q: %w", r.cfg.SlotName, res.ConsistentPoint, err))
 		}
 		r.log.Info("Replication slot created", r.fields.Add(watermill.LogFields{"consistent_point": res.ConsistentPoint}))
+		if err := takeOver(false); err != nil { // the slot's position is new: log_relays says nothing of it
+			return finish(err)
+		}
 		if err := s.backfill(ctx, res.SnapshotName, consistent); err != nil {
 			return finish(err)
 		}
@@ -210,6 +250,9 @@ func (r *Relay) session(ctx context.Context, fwd *forwarder.SourceRelay) error {
 		// A backfill began and did not finish: the rows it had not published are still in the
 		// table (with, perhaps, some the log carries too: published twice, never lost).
 		r.log.Info("Finishing a backfill the relay began before it stopped", r.fields)
+		if err := takeOver(false); err != nil {
+			return finish(err)
+		}
 		if err := s.backfill(ctx, "", slot.confirmed); err != nil {
 			return finish(err)
 		}
@@ -227,6 +270,9 @@ func (r *Relay) session(ctx context.Context, fwd *forwarder.SourceRelay) error {
 			return finish(errSlotBusy)
 		}
 		return finish(fmt.Errorf("start reading slot %s: %w", r.cfg.SlotName, err))
+	}
+	if err := takeOver(true); err != nil {
+		return finish(err)
 	}
 	r.setActive(true)
 	r.log.Info("Log relay reading the slot", r.fields)

@@ -20,6 +20,13 @@ func (w *windowState) len() int { return len(w.fifo) - w.head }
 // event of a parked key is parked, and a replayed dead letter of one has check read its key back
 // at its transaction's end; the session's first item reads the parked keys.
 func (d *dispatcher) add(ctx context.Context, it item) error {
+	if it.recovery != nil {
+		d.recovered(it.recovery)
+		// An item of the reader: it counts (see advance's popped).
+		d.window.fifo = append(d.window.fifo, &entry{item: item{}, done: true})
+		d.window.doneBehind++
+		return nil
+	}
 	if it.start {
 		if err := d.check(ctx, nil, it.drain); err != nil {
 			return err
@@ -53,6 +60,9 @@ func (d *dispatcher) add(ctx context.Context, it item) error {
 	if it.end > 0 {
 		return nil
 	}
+	if d.txn.pub != nil && d.txn.ready && d.skipCommitted(e) {
+		return nil // before the parking: a row the broker has is neither parked nor written again
+	}
 	k := it.row.PartitionKey
 	if from, ok := d.park.keys[k]; ok && k != "" && it.row.Seq >= from {
 		if it.replayed && it.xid != 0 {
@@ -80,9 +90,10 @@ func (d *dispatcher) add(ctx context.Context, it item) error {
 }
 
 // advance drops the done entries at the head of the window; passing a transaction's end makes its
-// position confirmable.
+// position confirmable. A row of the open transaction (pending) stops it until the commit.
 func (d *dispatcher) advance() {
-	for d.window.head < len(d.window.fifo) && (d.window.fifo[d.window.head].done || d.window.fifo[d.window.head].barrier != nil) {
+	for d.window.head < len(d.window.fifo) && (d.window.fifo[d.window.head].done || d.window.fifo[d.window.head].barrier != nil) &&
+		!d.window.fifo[d.window.head].pending {
 		e := d.window.fifo[d.window.head]
 		if e.end > 0 {
 			d.checkpoint.confirmable = max(d.checkpoint.confirmable, e.end)
@@ -146,7 +157,7 @@ func (d *dispatcher) compact() {
 	}
 	rest := append([]*entry(nil), d.window.fifo[d.window.head:]...)
 	for _, e := range rest {
-		if e.done {
+		if e.done && !e.pending { // a row of the open transaction stays until it commits
 			run = append(run, e)
 			continue
 		}
