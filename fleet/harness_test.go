@@ -148,6 +148,8 @@ type gated struct {
 	store.Store
 	fc   store.FleetControl
 	hung atomic.Bool
+	// leaveFailures is how many LeaveFleet calls fail as on a session the server terminated.
+	leaveFailures atomic.Int32
 }
 
 func gate(t *testing.T, s store.Store) *gated {
@@ -184,6 +186,9 @@ func (g *gated) FleetMembers(ctx context.Context, f string) ([]store.FleetMember
 func (g *gated) LeaveFleet(ctx context.Context, f, member string) error {
 	if err := g.wait(ctx); err != nil {
 		return err
+	}
+	if g.leaveFailures.Add(-1) >= 0 {
+		return outboxkit.Unreachable(errors.New("FATAL: terminating connection due to administrator command (SQLSTATE 57P01)"))
 	}
 	return g.fc.LeaveFleet(ctx, f, member)
 }

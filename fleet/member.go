@@ -160,7 +160,7 @@ func (m *Member) Run(ctx context.Context) error {
 	}
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	if lerr := m.fc.LeaveFleet(lctx, m.cfg.Fleet, m.cfg.Member); lerr != nil {
+	if lerr := m.leave(lctx); lerr != nil {
 		logs.Warn(m.cfg.Logger, "Cannot leave the fleet; its leases expire by themselves", lerr, m.fields())
 	} else {
 		m.cfg.Logger.Info("Left the fleet", m.fields())
@@ -663,4 +663,22 @@ func (m *Member) forwarderConfig(r *relay, s store.Store) forwarder.Config {
 		c.IdlePollInterval = max(c.IdlePollInterval, poll)
 	}
 	return c
+}
+
+// leave releases the member's leases, trying again while the coordination database is
+// unreachable, until ctx ends: a pool whose idle sessions the server terminated (a failover, an
+// operator's pg_terminate_backend) hands out each of them once before it dials afresh, and a
+// member that stops right after would otherwise leave its outboxes unowned for a lease's term.
+func (m *Member) leave(ctx context.Context) error {
+	for attempt := 1; ; attempt++ {
+		err := m.fc.LeaveFleet(ctx, m.cfg.Fleet, m.cfg.Member)
+		if err == nil || !m.cfg.Coordination.IsUnreachable(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(min(time.Duration(attempt)*50*time.Millisecond, 500*time.Millisecond)):
+		}
+	}
 }

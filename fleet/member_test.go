@@ -11,6 +11,7 @@ import (
 
 	"github.com/outboxkit/outboxkit/fleet"
 	"github.com/outboxkit/outboxkit/internal/testenv"
+	"github.com/outboxkit/outboxkit/store"
 )
 
 // Three members share twelve outboxes, each relayed by exactly one; a member that leaves hands
@@ -311,5 +312,33 @@ func TestMember_TakesWhatThePreferredMemberDoesNotTake(t *testing.T) {
 	waitSpread(t, []string{"a", "b"}, 0, m1, m2)
 	if len(m2.Owned()) != 0 {
 		t.Fatalf("m2 relays %v with an empty catalog", m2.Owned())
+	}
+}
+
+// A member that stops right after the server terminated its pool's idle sessions still releases
+// its leases: each terminated session fails one call, and the member tries again, not once.
+func TestMember_LeavesTheFleetThroughTerminatedSessions(t *testing.T) {
+	dir := t.TempDir()
+	coord := sqliteCoordination(t, dir)
+	o, _ := sqliteOutbox(t, dir, "left")
+	cut := gate(t, coord)
+	m := start(t, timing(fleet.Config{Coordination: cut, Fleet: "leave", Member: "m1", Catalog: fleet.Outboxes{o}, Publisher: newRecorder(t)}))
+	waitOwnedOnce(t, []string{o.Name}, m)
+	cut.leaveFailures.Store(3)
+	if err := m.stop(); err != nil {
+		t.Fatal(err)
+	}
+	fc, _ := store.FleetControlOf(coord)
+	leases, now, err := fc.FleetLeases(context.Background(), "leave")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range leases {
+		if l.Held(now) {
+			t.Fatalf("outbox %s still held by %s after the member stopped", l.Outbox, l.Owner)
+		}
+	}
+	if n := cut.leaveFailures.Load(); n >= 0 {
+		t.Fatalf("LeaveFleet was not tried past its failures (%d left)", n+1)
 	}
 }
