@@ -82,16 +82,20 @@ chaos-fleet: services
 		> .cache/chaos-fleet.log 2>&1 || rc=$$?; \
 		grep -v '^\s*[0-9]\{4\}/[0-9][0-9]/[0-9][0-9] ' .cache/chaos-fleet.log; echo "full log: .cache/chaos-fleet.log"; exit $$rc
 
-## chaos-kafka-txn: the transactional relay's proof at full size — relay processes killed with
-## SIGKILL at random points (before publishing, with the transaction open, after the commit before
-## the mark, at any instant) KAFKA_TXN_KILLS times over KAFKA_TXN_EVENTS events, then raw
+## chaos-kafka-txn: the transactional relay's proof at full size — polling relay processes, then log
+## relay processes (on the private logical Postgres), killed with SIGKILL at random points (before
+## publishing, with the transaction open, after the commit before the mark or the checkpoint, at any
+## instant) KAFKA_TXN_KILLS times over KAFKA_TXN_EVENTS events each, then raw
 ## read_committed consumers (franz-go and kcat) count duplicates, gaps and inversions per key: 0 each;
 ## the control without transactions shows the duplicates. It is integration's
-## TestKafkaTxn_RelayKilledAtRandomPointsExactlyOnce at full size (make test runs 6,000 and 60).
+## TestKafkaTxn_RelayKilledAtRandomPointsExactlyOnce and TestKafkaTxn_LogRelayKilledAtRandomPointsExactlyOnce
+## at full size (make test runs 6,000 and 60, 4,000 and 30).
 KAFKA_TXN_EVENTS ?= 120000
 KAFKA_TXN_KILLS ?= 1000
 chaos-kafka-txn: services tools
-	@mkdir -p .cache; rc=0; env $(SERVICE_ENV) OUTBOXKIT_KAFKA_TXN_EVENTS=$(KAFKA_TXN_EVENTS) OUTBOXKIT_KAFKA_TXN_KILLS=$(KAFKA_TXN_KILLS) \
+	@mkdir -p .cache; rc=0; scripts/pg-logical.sh with env $(SERVICE_ENV) \
+		OUTBOXKIT_KAFKA_TXN_EVENTS=$(KAFKA_TXN_EVENTS) OUTBOXKIT_KAFKA_TXN_KILLS=$(KAFKA_TXN_KILLS) \
+		OUTBOXKIT_KAFKA_TXN_LOG_EVENTS=$(KAFKA_TXN_EVENTS) OUTBOXKIT_KAFKA_TXN_LOG_KILLS=$(KAFKA_TXN_KILLS) \
 		$(GO) test -count=1 -timeout 60m -run '^TestKafkaTxn_' -v ./integration/ \
 		> .cache/chaos-kafka-txn.log 2>&1 || rc=$$?; \
 		grep -E '^\s*(---|kafka_txn_test|ok|FAIL)' .cache/chaos-kafka-txn.log; echo "full log: .cache/chaos-kafka-txn.log"; exit $$rc
