@@ -98,7 +98,7 @@ chaos-kafka-txn: services tools
 		OUTBOXKIT_KAFKA_TXN_LOG_EVENTS=$(KAFKA_TXN_EVENTS) OUTBOXKIT_KAFKA_TXN_LOG_KILLS=$(KAFKA_TXN_KILLS) \
 		$(GO) test -count=1 -timeout 60m -run '^TestKafkaTxn_' -v ./integration/ \
 		> .cache/chaos-kafka-txn.log 2>&1 || rc=$$?; \
-		grep -E '^\s*(---|kafka_txn_test|ok|FAIL)' .cache/chaos-kafka-txn.log; echo "full log: .cache/chaos-kafka-txn.log"; exit $$rc
+		grep -E '^\s*(---|kafka_txn_test|kafka_txn_log_test|ok|FAIL)' .cache/chaos-kafka-txn.log; echo "full log: .cache/chaos-kafka-txn.log"; exit $$rc
 
 ## chaos-all: the soak on every store (Postgres, MySQL, SQLite) and every broker (RabbitMQ, Kafka,
 ## NATS, Redis), in turn, then chaos-fleet; CHAOS_ARGS apply to each soak run (e.g. --duration 10m).
