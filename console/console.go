@@ -56,6 +56,7 @@ const (
 	DefaultCountCap        = 10000
 	DefaultBacklogHeadRows = 100000
 	DefaultCacheTTL        = 10 * time.Second
+	DefaultChartInterval   = 20 * time.Second
 	// PayloadShown is how much of a payload a detail page shows; the rest is downloadable.
 	PayloadShown = 64 << 10
 )

@@ -64,9 +64,6 @@ const (
 	historyMaxSamples = 3600
 )
 
-// DefaultChartInterval is how often the charts take a sample (Config.ChartInterval).
-const DefaultChartInterval = 20 * time.Second
-
 func newHistory(every time.Duration) *history {
 	size := 0
 	if every > 0 {
