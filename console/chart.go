@@ -20,6 +20,11 @@ type chart struct {
 	Whole bool   // the values are counts: the y axis's ticks are whole numbers
 	Now   time.Time
 	Span  time.Duration // the x axis runs from Span ago to Now, in minutes ago
+	// Since is when what the series know begins (a console's first sample): the time before it
+	// within the window is shaded and said to be unknown, in the words of Unknown where they fit
+	// ("not sampled" otherwise). Zero: none.
+	Since   time.Time
+	Unknown string
 	// Series are drawn in order, at most len(seriesClasses) of them in colours and dashes of
 	// their own; Other is drawn grey.
 	Series []series
@@ -183,6 +188,11 @@ func (c chart) svg() template.HTML {
 		chartW, chartH, esc(label), esc(c.ID), len(c.Series))
 	fmt.Fprintf(&b, `<title>%s</title><desc id="%s-desc">%s</desc>`, esc(label), esc(c.ID), esc(description))
 
+	unknown := !c.Since.IsZero() && c.Since.After(c.Now.Add(-c.Span))
+	if unknown {
+		fmt.Fprintf(&b, `<rect class="unknown" x="%g" y="%g" width="%.1f" height="%g"/>`, plotX0, plotY0, c.x(c.Since)-plotX0, plotY1-plotY0)
+	}
+
 	// The x axis: minutes ago, a tick every 15, "now" at the right.
 	b.WriteString(`<g class="axis x">`)
 	for ago := time.Duration(0); ago <= c.Span; ago += xTickEvery {
@@ -217,6 +227,15 @@ func (c chart) svg() template.HTML {
 		fmt.Fprintf(&b, `<text x="%g" y="%.1f" dy="0.35em" text-anchor="end">%s</text>`, plotX0-6, y, tickLabel(v, step, top))
 	}
 	fmt.Fprintf(&b, `<text class="unit" x="%g" y="%g">%s</text></g>`, plotX0, plotY0-8, esc(c.Unit))
+	if unknown { // over the grid, which its halo (console.css) keeps off its letters
+		x := c.x(c.Since)
+		for _, say := range []string{c.Unknown, "not sampled"} {
+			if say != "" && float64(len(say))*chartFont*0.55+16 <= x-plotX0 { // an average glyph is about 0.55 em wide
+				fmt.Fprintf(&b, `<text class="unknown" x="%.1f" y="%g" text-anchor="middle">%s</text>`, (plotX0+x)/2, (plotY0+plotY1)/2, esc(say))
+				break
+			}
+		}
+	}
 
 	single := len(c.Series) == 1
 	for i, s := range c.Series {
@@ -277,6 +296,9 @@ func (c chart) emptyText(b *strings.Builder) {
 	y := (plotY0+plotY1)/2 - float64(len(lines)-1)*chartFont*0.7
 	b.WriteString(`<text class="empty" text-anchor="middle">`)
 	for i, l := range lines {
+		if i < len(lines)-1 {
+			l += " " // the text's words stay apart for whoever reads it whole
+		}
 		fmt.Fprintf(b, `<tspan x="%g" y="%.1f">%s</tspan>`, (plotX0+plotX1)/2, y+float64(i)*chartFont*1.4, template.HTMLEscapeString(l))
 	}
 	b.WriteString(`</text>`)

@@ -183,3 +183,27 @@ func TestChartEscapesNames(t *testing.T) {
 		t.Fatalf("legend: %q", legend)
 	}
 }
+
+// The time before the console's first sample is shaded and said to be unknown, in words that fit.
+func TestChartShadesTheTimeBeforeItsFirstSample(t *testing.T) {
+	for _, c := range []struct {
+		before time.Duration
+		say    string
+	}{{5 * time.Minute, "no samples before this console started"}, {45 * time.Minute, "not sampled"}, {55 * time.Minute, ""}} {
+		ch := testChart(series{Name: "a", Points: pts(1, 2)})
+		ch.Since, ch.Unknown = chartNow.Add(-c.before), "no samples before this console started"
+		out := string(ch.svg())
+		if !strings.Contains(out, `<rect class="unknown" x="48" y="20" width="`) {
+			t.Errorf("since %s ago: no shade", c.before)
+		}
+		label := regexp.MustCompile(`<text class="unknown"[^>]*>([^<]*)</text>`).FindStringSubmatch(out)
+		if (label == nil) != (c.say == "") || (label != nil && label[1] != c.say) {
+			t.Errorf("since %s ago: the shade says %q, want %q", c.before, label, c.say)
+		}
+	}
+	ch := testChart(series{Name: "a", Points: pts(1, 2)})
+	ch.Since = chartNow.Add(-2 * time.Hour)
+	if strings.Contains(string(ch.svg()), "unknown") {
+		t.Error("a console older than the hour shades some of it")
+	}
+}

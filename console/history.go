@@ -4,6 +4,7 @@ import (
 	"context"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/outboxkit/outboxkit/store"
@@ -19,7 +20,8 @@ import (
 // rate is what that count grew by since the relay's heartbeat of the previous sample, over the
 // time between the two heartbeats.
 type history struct {
-	every time.Duration
+	every   time.Duration
+	running atomic.Bool // while run runs
 
 	mu   sync.Mutex // guards the fields below
 	ring []sample   // a ring of cap(ring) samples, oldest at head
@@ -37,7 +39,8 @@ type sample struct {
 	// outboxDead is the outbox's dead letters, every topic's.
 	outboxDead int64
 	// relays is whether any relay had reported; rated whether the sample has rates (it had a
-	// sample before it): a topic without a rate in a rated sample published nothing.
+	// sample before it, and a relay told): a topic without a rate in a rated sample published
+	// nothing.
 	relays, rated bool
 	// lagRead is whether the broker's backlog was read (a Lag func and consumers' topics).
 	lagRead bool
@@ -74,6 +77,8 @@ func newHistory(every time.Duration) *history {
 
 // run takes a sample every h.every until ctx ends, the first at once.
 func (h *history) run(ctx context.Context, c *cache) {
+	h.running.Store(true)
+	defer h.running.Store(false)
 	t := time.NewTicker(h.every)
 	defer t.Stop()
 	for {
@@ -95,26 +100,10 @@ func (h *history) run(ctx context.Context, c *cache) {
 func (h *history) add(s *snapshot) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if len(h.ring) == 0 {
+	if len(h.ring) == 0 || (h.n > 0 && !s.at.After(h.at(h.n-1).at)) {
 		return
 	}
-	if h.n > 0 && !s.at.After(h.at(h.n-1).at) {
-		return
-	}
-	smp := sample{at: s.at, topics: map[string]topicSample{}, consumers: map[string]consumerSample{}, relays: len(s.relays) > 0, lagRead: len(s.lag) > 0}
-	for _, b := range s.backlog {
-		t := smp.topics[b.Topic]
-		t.pending += b.Pending
-		smp.topics[b.Topic] = t
-	}
-	if h.n > 0 { // a rate needs a sample before
-		smp.rated = smp.relays
-		for topic, r := range h.rates(s.relays, h.at(h.n-1).at) {
-			t := smp.topics[topic]
-			t.rate, t.hasRate = r, true
-			smp.topics[topic] = t
-		}
-	}
+	smp := h.sampleOf(s)
 	// Each relay's heartbeat is kept for the next sample's rates; one the store no longer lists
 	// (a day after its last heartbeat) is forgotten.
 	seen := map[string]bool{}
@@ -127,6 +116,38 @@ func (h *history) add(s *snapshot) {
 	for owner := range h.beats {
 		if !seen[owner] {
 			delete(h.beats, owner)
+		}
+	}
+	if h.n == len(h.ring) {
+		h.ring[h.head] = sample{}
+		h.head = (h.head + 1) % len(h.ring)
+		h.n--
+	}
+	h.ring[(h.head+h.n)%len(h.ring)] = smp
+	h.n++
+	for h.n > 0 && h.at(0).at.Before(s.at.Add(-historySpan)) {
+		h.ring[h.head] = sample{}
+		h.head = (h.head + 1) % len(h.ring)
+		h.n--
+	}
+}
+
+// sampleOf is the sample of s after the last one, its rates from the heartbeats kept then; it
+// changes nothing. h.mu is held.
+func (h *history) sampleOf(s *snapshot) sample {
+	smp := sample{at: s.at, topics: map[string]topicSample{}, consumers: map[string]consumerSample{}, relays: len(s.relays) > 0, lagRead: len(s.lag) > 0}
+	for _, b := range s.backlog {
+		t := smp.topics[b.Topic]
+		t.pending += b.Pending
+		smp.topics[b.Topic] = t
+	}
+	if h.n > 0 { // a rate needs a sample before
+		var rates map[string]float64
+		rates, smp.rated = h.rates(s.relays, s.at, h.at(h.n-1).at)
+		for topic, r := range rates {
+			t := smp.topics[topic]
+			t.rate, t.hasRate = r, true
+			smp.topics[topic] = t
 		}
 	}
 	for _, t := range s.totals {
@@ -148,46 +169,36 @@ func (h *history) add(s *snapshot) {
 	}
 	foldTopics(smp.topics)
 	foldConsumers(smp.consumers)
-
-	if h.n == len(h.ring) {
-		h.ring[h.head] = sample{}
-		h.head = (h.head + 1) % len(h.ring)
-		h.n--
-	}
-	h.ring[(h.head+h.n)%len(h.ring)] = smp
-	h.n++
-	for h.n > 0 && h.at(0).at.Before(s.at.Add(-historySpan)) {
-		h.ring[h.head] = sample{}
-		h.head = (h.head + 1) % len(h.ring)
-		h.n--
-	}
+	return smp
 }
 
-// rates are the rows a second each topic was published at, from each relay's heartbeat now and
-// at the previous sample (taken at prevAt). A relay first seen now counts from its start when it
-// started after the previous sample, and is left out otherwise (what it published before is not
-// this interval's). A count lower than before (a relay's counters reset under the same owner)
-// counts from zero, since the relay's start when that is after the previous heartbeat.
-func (h *history) rates(beats []store.RelayBeat, prevAt time.Time) map[string]float64 {
-	out := map[string]float64{}
+// rates are the rows a second each topic was published at, as of at, from each relay's heartbeat
+// then and at the previous sample (taken at prevAt). A relay first seen counts from its start
+// when it started after the previous sample, and is left out otherwise (what it published
+// before is not this interval's). A count lower than before (a relay's counters reset under the
+// same owner) counts from zero, since the relay's start when that is after the previous
+// heartbeat. A relay without a heartbeat since the previous sample counts at its next one, the
+// whole time since; a gone one (none for relayGone) publishes nothing. known is false when no
+// relay told: the rate is not known, which is not zero.
+func (h *history) rates(beats []store.RelayBeat, at, prevAt time.Time) (out map[string]float64, known bool) {
+	out = map[string]float64{}
 	for _, b := range beats {
 		from, counts := b.Started, map[string]int64(nil)
-		if prev, ok := h.beats[b.Owner]; ok {
-			if !b.At.After(prev.At) {
-				continue // no heartbeat since: its rows count at its next one
-			}
-			if b.PublishedTotal >= prev.PublishedTotal {
-				from, counts = prev.At, prev.PublishedByTopic
-			} else if b.Started.Before(prev.At) {
-				from = prev.At
-			}
-		} else if b.Started.Before(prevAt) {
+		prev, seen := h.beats[b.Owner]
+		switch {
+		case seen && !b.At.After(prev.At), !seen && b.Started.Before(prevAt):
+			known = known || at.Sub(b.At) > relayGone
 			continue
+		case seen && b.PublishedTotal >= prev.PublishedTotal:
+			from, counts = prev.At, prev.PublishedByTopic
+		case seen && b.Started.Before(prev.At):
+			from = prev.At
 		}
 		secs := b.At.Sub(from).Seconds()
 		if secs <= 0 {
 			continue
 		}
+		known = true
 		for topic, n := range b.PublishedByTopic {
 			d := n - counts[topic]
 			if d < 0 { // this topic's count alone went down: the same reset
@@ -196,7 +207,7 @@ func (h *history) rates(beats []store.RelayBeat, prevAt time.Time) map[string]fl
 			out[topic] += float64(d) / secs
 		}
 	}
-	return out
+	return out, known
 }
 
 // at is the i-th sample, oldest first. h.mu is held.
@@ -204,14 +215,26 @@ func (h *history) at(i int) *sample {
 	return &h.ring[(h.head+i)%len(h.ring)]
 }
 
-// samples copies the samples, oldest first. A sample is never changed once taken, so the copy
-// shares its maps.
-func (h *history) samples() []sample {
+// count is how many samples it keeps.
+func (h *history) count() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	out := make([]sample, h.n)
+	return h.n
+}
+
+// samples copies the samples, oldest first, and when latest is newer than the last of them, a
+// sample of it at the end, not kept: the page that shows the charts shows its own figures at
+// "now", and the next tick samples them for good. A sample is never changed once taken, so the
+// copy shares its maps.
+func (h *history) samples(latest *snapshot) []sample {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]sample, h.n, h.n+1)
 	for i := range out {
 		out[i] = *h.at(i)
+	}
+	if latest != nil && len(h.ring) > 0 && (h.n == 0 || latest.at.After(h.at(h.n-1).at)) {
+		out = append(out, h.sampleOf(latest))
 	}
 	return out
 }

@@ -28,7 +28,7 @@ func TestHistorySamplesEachSnapshotOnce(t *testing.T) {
 	h.add(s)
 	h.add(s)
 	h.add(snap(t0.Add(-time.Second))) // older than the last sample: not a new one
-	got := h.samples()
+	got := h.samples(nil)
 	if len(got) != 1 {
 		t.Fatalf("%d samples of one snapshot", len(got))
 	}
@@ -45,7 +45,7 @@ func TestHistoryKeepsTheLastHourInABoundedRing(t *testing.T) {
 	for i := range 1000 {
 		h.add(snap(t0.Add(time.Duration(i) * 20 * time.Second)))
 	}
-	got := h.samples()
+	got := h.samples(nil)
 	last := t0.Add(999 * 20 * time.Second)
 	if len(got) != 181 || !got[0].at.Equal(last.Add(-time.Hour)) || !got[180].at.Equal(last) {
 		t.Fatalf("%d samples from %s to %s, want 181 over the hour to %s", len(got), got[0].at, got[len(got)-1].at, last)
@@ -59,7 +59,7 @@ func TestHistoryKeepsTheLastHourInABoundedRing(t *testing.T) {
 	for i := range 1000 { // a second apart: bounded by the ring's size, not the hour
 		h.add(snap(t0.Add(time.Duration(i) * time.Second)))
 	}
-	if got := h.samples(); len(got) != len(h.ring) || len(h.ring) != 182 || !got[len(got)-1].at.Equal(t0.Add(999*time.Second)) {
+	if got := h.samples(nil); len(got) != len(h.ring) || len(h.ring) != 182 || !got[len(got)-1].at.Equal(t0.Add(999*time.Second)) {
 		t.Fatalf("%d samples in a ring of %d", len(got), len(h.ring))
 	}
 	if h := newHistory(time.Millisecond); len(h.ring) != historyMaxSamples {
@@ -85,7 +85,7 @@ func TestHistoryRatesFromTheRelaysCounts(t *testing.T) {
 	h := newHistory(20 * time.Second)
 	long := t0.Add(-time.Hour)
 	rate := func(i int, topic string) (float64, bool) {
-		s := h.samples()[i]
+		s := h.samples(nil)[i]
 		r := s.topics[topic]
 		return r.rate, s.rated
 	}
@@ -124,6 +124,13 @@ func TestHistoryRatesFromTheRelaysCounts(t *testing.T) {
 	h.add(snap(t0.Add(100*time.Second), beat("a", t0.Add(69*time.Second), t0.Add(99*time.Second), map[string]int64{"shop.orders": 10, "shop.payments": 200}),
 		beat("b", t0.Add(74*time.Second), t0.Add(99*time.Second), map[string]int64{"shop.orders": 30})))
 	want(5, "shop.orders", 10.0/20)
+
+	// No heartbeat since, of relays that are not gone: the rate is not known (a gap), not zero.
+	h.add(snap(t0.Add(105*time.Second), beat("a", t0.Add(69*time.Second), t0.Add(99*time.Second), map[string]int64{"shop.orders": 10, "shop.payments": 200}),
+		beat("b", t0.Add(74*time.Second), t0.Add(99*time.Second), map[string]int64{"shop.orders": 30})))
+	if _, rated := rate(6, "shop.orders"); rated {
+		t.Error("a rate with no heartbeat since the sample before")
+	}
 	if len(h.beats) != 2 {
 		t.Errorf("the heartbeats kept: %v, want a's and b's (c is no longer listed)", h.beats)
 	}
@@ -163,7 +170,7 @@ func TestHistoryLoopSamplesUntilStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		testenv.Eventually(t, 10*time.Second, fmt.Sprintf("sample %d", i+1), func() bool { return len(h.history.samples()) == i+1 })
+		testenv.Eventually(t, 10*time.Second, fmt.Sprintf("sample %d", i+1), func() bool { return len(h.history.samples(nil)) == i+1 })
 		mu.Lock()
 		now = now.Add(20 * time.Second)
 		mu.Unlock()
@@ -171,7 +178,7 @@ func TestHistoryLoopSamplesUntilStop(t *testing.T) {
 	if err := h.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	got := h.history.samples()
+	got := h.history.samples(nil)
 	for i, smp := range got[:5] {
 		if want := t0.Add(time.Duration(i) * 20 * time.Second); !smp.at.Equal(want) {
 			t.Errorf("sample %d at %s, want %s", i, smp.at, want)

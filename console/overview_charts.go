@@ -16,24 +16,36 @@ const chartTopN = 5
 // overviewCharts is the overview's "Last hour": a chart per concern, from the history.
 type overviewCharts struct {
 	Note    string // how the charts are sampled, and since when when that is less than the hour
-	Samples int    // how many samples they draw
+	Samples int    // how many samples the history keeps (the page's own figures are not one)
 	Figures []template.HTML
 }
 
-// charts draws the last hour of the history as of now; nil when the charts are off.
-func (h *Handler) charts(now time.Time) *overviewCharts {
+// charts draws the last hour of the history as of now, and s (the page's own figures) at its
+// end; nil when the charts are off.
+func (h *Handler) charts(now time.Time, s *snapshot) *overviewCharts {
 	every := h.history.every
 	if every <= 0 {
 		return nil
 	}
-	samples := h.history.samples()
-	out := &overviewCharts{Note: fmt.Sprintf("sampled every %s by this console", human(every)), Samples: len(samples)}
-	if len(samples) > 0 && now.Sub(samples[0].at) < historySpan-every {
-		out.Note += fmt.Sprintf(", since it started %s: the rest of the hour is not known to it", ago(now.Sub(samples[0].at)))
+	samples := h.history.samples(s)
+	out := &overviewCharts{Note: fmt.Sprintf("sampled every %s by this console", human(every)), Samples: h.history.count()}
+	switch {
+	case !h.history.running.Load():
+		out.Note = "not sampled: this console was not started (Handler.Start), so the charts show this page's figures alone"
+	case len(samples) > 0 && now.Sub(samples[0].at) < historySpan-every:
+		out.Note += fmt.Sprintf(", since it started %s", ago(now.Sub(samples[0].at)))
 	}
 	noData := fmt.Sprintf("No data yet: this console samples every %s and keeps the last hour.", human(every))
+	var since time.Time
+	if len(samples) > 0 {
+		since = samples[0].at
+	}
+	unknown := "no samples before this console started"
+	if !h.history.running.Load() {
+		unknown = "not sampled: this console was not started"
+	}
 	draw := func(c chart) {
-		c.Now, c.Span = now, historySpan
+		c.Now, c.Span, c.Since, c.Unknown = now, historySpan, since, unknown
 		if c.Empty == "" {
 			c.Empty = noData
 		}
@@ -88,7 +100,7 @@ func (h *Handler) charts(now time.Time) *overviewCharts {
 	case len(samples) > 0 && !relays:
 		rateEmpty = "No relay has reported a heartbeat in the last hour, and the rate is read from relays' heartbeats."
 	case len(samples) > 0 && !rated:
-		rateEmpty = fmt.Sprintf("No data yet: a rate takes two samples, %s apart.", human(every))
+		rateEmpty = fmt.Sprintf("No data yet: a rate takes two samples %s apart, and a relay's heartbeat between them.", human(every))
 	}
 	var rates []series
 	if rated {

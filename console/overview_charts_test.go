@@ -40,7 +40,7 @@ func historyOf(n, topics, consumers int) *history {
 
 func TestOverviewChartsDrawTheLargestFiveAndTheOthers(t *testing.T) {
 	h := &Handler{history: historyOf(10, 8, 3)}
-	figs := h.charts(t0).Figures
+	figs := h.charts(t0, nil).Figures
 	if len(figs) != 4 {
 		t.Fatalf("%d charts", len(figs))
 	}
@@ -61,7 +61,7 @@ func TestOverviewChartsDrawTheLargestFiveAndTheOthers(t *testing.T) {
 		t.Errorf("broker backlog's legend: %s", got)
 	}
 	// Six topics: the sixth is drawn on its own rather than as "1 other".
-	figs = (&Handler{history: historyOf(10, 6, 0)}).charts(t0).Figures
+	figs = (&Handler{history: historyOf(10, 6, 0)}).charts(t0, nil).Figures
 	if got := legendOf(string(figs[0])); len(got) != 6 || got[5] != "s5:topic-0" {
 		t.Errorf("six topics' legend: %q", got)
 	}
@@ -71,12 +71,15 @@ func TestOverviewChartsDrawTheLargestFiveAndTheOthers(t *testing.T) {
 }
 
 func TestOverviewChartsOfNoSampleSayNoDataYet(t *testing.T) {
-	if (&Handler{history: newHistory(-1)}).charts(t0) != nil {
+	if (&Handler{history: newHistory(-1)}).charts(t0, nil) != nil {
 		t.Error("ChartInterval -1 still charts")
 	}
-	c := (&Handler{history: newHistory(20 * time.Second)}).charts(t0)
+	c := (&Handler{history: newHistory(20 * time.Second)}).charts(t0, nil)
 	if c.Samples != 0 || len(c.Figures) != 4 {
 		t.Fatalf("%+v", c)
+	}
+	if !strings.Contains(c.Note, "not sampled: this console was not started") {
+		t.Errorf("the note of a console that was not started: %q", c.Note)
 	}
 	for _, f := range c.Figures {
 		if !strings.Contains(string(f), "-desc\">No data yet: this console samples every 20 s and keeps the last hour.</desc>") ||
@@ -86,10 +89,28 @@ func TestOverviewChartsOfNoSampleSayNoDataYet(t *testing.T) {
 	}
 	// One sample, no relay, no lag reader: each chart says which.
 	h := newHistory(20 * time.Second)
+	h.running.Store(true) // as Start's loop does
 	h.add(&snapshot{at: t0})
-	c = (&Handler{history: h}).charts(t0.Add(time.Minute))
+	c = (&Handler{history: h}).charts(t0.Add(time.Minute), nil)
 	if !strings.Contains(string(c.Figures[1]), "No relay has reported a heartbeat in the last hour") ||
 		!strings.Contains(string(c.Figures[3]), "no lag reader is configured") || !strings.Contains(c.Note, "since it started 1 m 0 s ago") {
 		t.Errorf("a console of one sample: %s\n%s\n%s", c.Note, c.Figures[1], c.Figures[3])
+	}
+}
+
+// The page's own figures are the charts' "now" (the tiles and the tables say the same), and are
+// not kept: the sampler's next tick takes them.
+func TestOverviewChartsEndOnThePagesFigures(t *testing.T) {
+	h := &Handler{history: historyOf(10, 1, 1)}
+	page := &snapshot{at: t0.Add(15 * time.Second), totals: []store.SideTotal{{Side: "consumer-0", Count: 99}}}
+	figs := h.charts(page.at, page).Figures
+	if got := strings.Join(legendOf(string(figs[2])), " "); !strings.Contains(string(figs[2]), "consumer-0: now 99, at most 99") || got != "sx:outbox s0:consumer-0" {
+		t.Errorf("dead letters now: %s %s", got, figs[2])
+	}
+	if n := len(h.history.samples(nil)); n != 10 {
+		t.Errorf("the page's figures were kept: %d samples", n)
+	}
+	if n := len(h.history.samples(&snapshot{at: t0})); n != 10 {
+		t.Errorf("a snapshot no newer than the last sample is drawn again: %d samples", n)
 	}
 }
