@@ -264,9 +264,10 @@ func TestConsoleChartsTheLastHour(t *testing.T) {
 	shotOf(b, "#charts", "23-charts-1024")
 }
 
-// A console started a moment ago has one sample: the backlog is a dot, the rate waits for a
-// second sample and says so, and the note says how little of the hour it knows. One whose Start
-// was never called has none, and every chart says "No data yet".
+// A console started a moment ago has a sample, and the page's own figures: the dead letters are
+// dots at "now", the hour before is shaded and said to be unsampled, the rate waits for a second
+// sample and a heartbeat and says "No data yet", and the note says since when it samples. One
+// whose Start was never called says it samples nothing.
 func TestConsoleChartsOfAFreshConsole(t *testing.T) {
 	st := newSite(t, func(c *console.Config) { // a relay reported before the console started
 		con, _ := store.ConsoleOf(c.Store)
@@ -281,7 +282,7 @@ func TestConsoleChartsOfAFreshConsole(t *testing.T) {
 	signIn(b, st.base, consoletest.ViewerToken)
 	b.Go(st.base+"/#charts", "#charts")
 	shotOf(b, "#charts", "24-charts-fresh")
-	if got := browsertest.Eval[string](b, `document.querySelector("#chart-rate svg text.empty").textContent`); got != "No data yet: a rate takes two samples, 20 s apart." {
+	if got := browsertest.Eval[string](b, `document.querySelector("#chart-rate svg text.empty").textContent`); !strings.HasPrefix(got, "No data yet: a rate takes two samples 20 s apart") {
 		t.Errorf("the rate chart of a fresh console says %q", got)
 	}
 	if n := browsertest.Eval[int](b, `document.querySelectorAll("#chart-dead svg g.series circle.dot").length`); n == 0 {
@@ -289,6 +290,9 @@ func TestConsoleChartsOfAFreshConsole(t *testing.T) {
 	}
 	if got := b.Text("#charts header"); !strings.Contains(got, "since it started just now") {
 		t.Errorf("a fresh console's note: %q", got)
+	}
+	if got := browsertest.Eval[string](b, `document.querySelector("#chart-dead svg text.unknown").textContent`); got != "no samples before this console started" {
+		t.Errorf("the hour before a fresh console's first sample says %q", got)
 	}
 	noOverlaps(b)
 
@@ -303,16 +307,17 @@ func TestConsoleChartsOfAFreshConsole(t *testing.T) {
 	defer srv.Close()
 	signIn(b, srv.URL+"/ops/console", consoletest.ViewerToken)
 	b.Go(srv.URL+"/ops/console/#charts", "#charts")
-	shotOf(b, "#charts", "25-charts-empty")
-	empties := browsertest.Eval[[]string](b, `[...document.querySelectorAll("#charts svg text.empty")].map(e => e.textContent)`)
-	if len(empties) != 4 {
-		t.Fatalf("an unstarted console's charts say %q, want 4 empty states", empties)
+	shotOf(b, "#charts", "25-charts-unstarted")
+	if got := b.Text("#charts header"); !strings.Contains(got, "not sampled: this console was not started (Handler.Start)") {
+		t.Errorf("an unstarted console's note: %q", got)
 	}
-	for _, e := range empties {
-		if !strings.HasPrefix(e, "No data yet") {
-			t.Errorf("an empty chart says %q", e)
-		}
+	if n := browsertest.Eval[int](b, `document.querySelectorAll("#charts svg rect.unknown").length`); n != 4 {
+		t.Errorf("%d of an unstarted console's charts shade the hour, want 4", n)
 	}
+	if got := browsertest.Eval[string](b, `document.querySelector("#chart-dead svg text.unknown").textContent`); got != "not sampled: this console was not started" {
+		t.Errorf("an unstarted console's shade says %q", got)
+	}
+	noOverlaps(b)
 }
 
 // noOverlaps fails the test when two labels of a chart overlap, or one leaves its SVG.
