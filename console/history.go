@@ -24,7 +24,7 @@ type history struct {
 	running atomic.Bool // while run runs
 
 	mu   sync.Mutex // guards the fields below
-	ring []sample   // a ring of cap(ring) samples, oldest at head
+	ring []sample   // a ring of len(ring) samples, n of them taken, the oldest at head
 	head int
 	n    int
 	// beats are each relay's heartbeat at the previous sample, by owner: the counts a rate grows from.

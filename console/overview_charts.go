@@ -15,7 +15,7 @@ const chartTopN = 5
 
 // overviewCharts is the overview's "Last hour": a chart per concern, from the history.
 type overviewCharts struct {
-	Note    string // how the charts are sampled, and since when when that is less than the hour
+	Note    string // how the charts are sampled, and since when, if that is less than the hour
 	Samples int    // how many samples the history keeps (the page's own figures are not one)
 	Figures []template.HTML
 }
