@@ -75,22 +75,25 @@ func newHistory(every time.Duration) *history {
 	return &history{every: every, ring: make([]sample, size), beats: map[string]store.RelayBeat{}}
 }
 
-// run takes a sample every h.every until ctx ends, the first at once.
+// run takes a sample every h.every until ctx ends, the first after h.every: a sample at once
+// would fill the cache at start, and the first pages would show figures read before the relays'
+// first heartbeats (until the next refresh) where they read their own. The charts draw the
+// page's figures meanwhile.
 func (h *history) run(ctx context.Context, c *cache) {
 	h.running.Store(true)
 	defer h.running.Store(false)
 	t := time.NewTicker(h.every)
 	defer t.Stop()
 	for {
-		// A failed read leaves a gap in the charts, which shows it; the cache's own refresh logs
-		// why (keepWarm), so it is not logged twice.
-		if s, err := c.read(ctx); err == nil {
-			h.add(s)
-		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		// A failed read leaves a gap in the charts, which shows it; the cache's own refresh logs
+		// why (keepWarm), so it is not logged twice.
+		if s, err := c.read(ctx); err == nil {
+			h.add(s)
 		}
 	}
 }

@@ -147,7 +147,7 @@ func TestHistoryFoldsTopicsBeyondItsBound(t *testing.T) {
 	}
 }
 
-// The loop samples at once, then at every tick, on the handler's clock, the figures the cache
+// The loop samples at every tick, on the handler's clock, the figures the cache
 // holds (a step of 20 s outlasts a CacheTTL of 1 s: each step is a new snapshot); Stop ends it
 // (TestMain looks for a goroutine left behind).
 func TestHistoryLoopSamplesUntilStop(t *testing.T) {
