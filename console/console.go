@@ -56,6 +56,7 @@ const (
 	DefaultCountCap        = 10000
 	DefaultBacklogHeadRows = 100000
 	DefaultCacheTTL        = 10 * time.Second
+	DefaultChartInterval   = 20 * time.Second
 	// PayloadShown is how much of a payload a detail page shows; the rest is downloadable.
 	PayloadShown = 64 << 10
 )
@@ -128,6 +129,11 @@ type Config struct {
 	BacklogHeadRows int
 	// CacheTTL is how long the overview's figures and the failure groups are kept. Default 10s.
 	CacheTTL time.Duration
+	// ChartInterval is how often the overview's charts take a sample of its figures (those
+	// CacheTTL keeps: the charts run no query of their own). They keep the last hour, in memory,
+	// so a console started a minute ago charts a minute. Default 20s, at most 5m; negative: no
+	// charts.
+	ChartInterval time.Duration
 
 	// Logger receives the console's logs; it never receives tokens, cookies or payloads.
 	// Default: slog.Default(), WARN and above.
@@ -150,7 +156,8 @@ type Handler struct {
 	key   []byte // signs sessions and CSRF tokens
 	owner string // names this console's job leases
 
-	cache *cache
+	cache   *cache
+	history *history // the charts' samples
 
 	// A console of a fleet (NewFleet): fleet is set on the fleet's own handler, which serves the
 	// fleet page and each tenant's console; tenant on each tenant's console. cookieRoot is the
@@ -197,6 +204,7 @@ func newHandler(cfg Config, con store.Console) (*Handler, error) {
 	host, _ := os.Hostname()
 	h.owner = fmt.Sprintf("console@%s (pid %d) %s", host, os.Getpid(), randomID()[:6])
 	h.cache = newCache(h)
+	h.history = newHistory(cfg.ChartInterval)
 	if err := h.loadAssets(); err != nil {
 		return nil, err
 	}
@@ -231,6 +239,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.CacheTTL == 0 {
 		c.CacheTTL = DefaultCacheTTL
+	}
+	if c.ChartInterval == 0 {
+		c.ChartInterval = DefaultChartInterval
 	}
 	if c.Logger == nil {
 		c.Logger = logs.Default()
@@ -275,11 +286,14 @@ func (c Config) validateOptions() error {
 	if c.ScanLimit < c.PageSize || c.CountCap < 1 || c.BacklogHeadRows < 1 || c.CacheTTL < 0 || c.JobLease < time.Second {
 		errs = append(errs, errors.New("fields ScanLimit (at least PageSize), CountCap, BacklogHeadRows (positive), CacheTTL and JobLease (at least 1s) are out of range"))
 	}
+	if c.ChartInterval > 5*time.Minute {
+		errs = append(errs, fmt.Errorf("field ChartInterval must be at most 5m (an hour of at least 12 samples), or negative for no charts; got %s", c.ChartInterval))
+	}
 	return errors.Join(errs...)
 }
 
-// Start starts the job runner (unless DisableJobs) and the regrouping of letters stored before the
-// console's migration. It returns at once; calling it again does nothing. Stop ends them. On a
+// Start starts the job runner (unless DisableJobs), the regrouping of letters stored before the
+// console's migration, and the charts' sampling. It returns at once; calling it again does nothing. Stop ends them. On a
 // fleet's console (NewFleet) it starts each tenant's console as it is opened.
 func (h *Handler) Start(ctx context.Context) error {
 	if h.fleet != nil {
@@ -324,7 +338,8 @@ func (h *Handler) Stop(ctx context.Context) error {
 	}
 }
 
-// background regroups letters stored without a failure group, then runs jobs, until ctx ends.
+// background regroups letters stored without a failure group, keeps the figures warm, samples
+// them for the charts, and runs jobs, until ctx ends.
 func (h *Handler) background(ctx context.Context) {
 	var wg sync.WaitGroup
 	wg.Add(2)
@@ -336,6 +351,13 @@ func (h *Handler) background(ctx context.Context) {
 		defer wg.Done()
 		h.cache.keepWarm(ctx)
 	}()
+	if h.history.every > 0 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			h.history.run(ctx, h.cache)
+		}()
+	}
 	if !h.cfg.DisableJobs {
 		h.runJobs(ctx)
 	}

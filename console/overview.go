@@ -214,6 +214,7 @@ func (h *Handler) buildOverview(ctx context.Context, s *snapshot) overview {
 	}
 	sort.SliceStable(ov.Problems, func(i, j int) bool { return ov.Problems[i].Severity > ov.Problems[j].Severity })
 	ov.TopGroups = h.groupRows(ctx, s.groups, 4)
+	ov.Charts = h.charts(now, s)
 	return ov
 }
 

@@ -38,8 +38,9 @@ type overview struct {
 	Relays          []relayRow
 	Consumers       []consumerRow
 	TopGroups       []groupRow
-	CountedAt       time.Time // when the cached counts were read
-	BacklogHeadRows int       // how many pending rows the per-topic figures read (the oldest)
+	Charts          *overviewCharts // the last hour; nil when the charts are off
+	CountedAt       time.Time       // when the cached counts were read
+	BacklogHeadRows int             // how many pending rows the per-topic figures read (the oldest)
 }
 
 type topicRow struct {
