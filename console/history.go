@@ -245,37 +245,36 @@ func (h *history) samples(latest *snapshot) []sample {
 // foldTopics keeps the historySeries topics with the most rows pending (then the fastest) on
 // their own and sums the rest under "".
 func foldTopics(m map[string]topicSample) {
-	if len(m) <= historySeries {
-		return
-	}
-	names := make([]string, 0, len(m))
-	for n := range m {
-		names = append(names, n)
-	}
-	sort.Slice(names, func(i, j int) bool {
-		a, b := m[names[i]], m[names[j]]
+	fold(m, func(a, b topicSample) bool {
 		if a.pending != b.pending {
 			return a.pending > b.pending
 		}
-		if a.rate != b.rate {
-			return a.rate > b.rate
-		}
-		return names[i] < names[j]
-	})
-	var rest topicSample
-	for _, n := range names[historySeries:] {
-		t := m[n]
+		return a.rate > b.rate
+	}, func(rest *topicSample, t topicSample) {
 		rest.pending += t.pending
 		rest.rate += t.rate
 		rest.hasRate = rest.hasRate || t.hasRate
-		delete(m, n)
-	}
-	m[""] = rest
+	})
 }
 
 // foldConsumers keeps the historySeries consumers with the most dead letters (then the largest
 // backlog) on their own and sums the rest under "".
 func foldConsumers(m map[string]consumerSample) {
+	fold(m, func(a, b consumerSample) bool {
+		if a.dead != b.dead {
+			return a.dead > b.dead
+		}
+		return a.waiting > b.waiting
+	}, func(rest *consumerSample, c consumerSample) {
+		rest.dead += c.dead
+		rest.waiting += c.waiting
+		rest.hasLag = rest.hasLag || c.hasLag
+	})
+}
+
+// fold keeps the historySeries entries of m that come first by before (then by name) on their
+// own, and adds the rest into one entry under "".
+func fold[T any](m map[string]T, before func(a, b T) bool, add func(rest *T, t T)) {
 	if len(m) <= historySeries {
 		return
 	}
@@ -285,20 +284,14 @@ func foldConsumers(m map[string]consumerSample) {
 	}
 	sort.Slice(names, func(i, j int) bool {
 		a, b := m[names[i]], m[names[j]]
-		if a.dead != b.dead {
-			return a.dead > b.dead
-		}
-		if a.waiting != b.waiting {
-			return a.waiting > b.waiting
+		if before(a, b) != before(b, a) {
+			return before(a, b)
 		}
 		return names[i] < names[j]
 	})
-	var rest consumerSample
+	var rest T
 	for _, n := range names[historySeries:] {
-		c := m[n]
-		rest.dead += c.dead
-		rest.waiting += c.waiting
-		rest.hasLag = rest.hasLag || c.hasLag
+		add(&rest, m[n])
 		delete(m, n)
 	}
 	m[""] = rest

@@ -199,10 +199,15 @@ func serveMember(addr string, m *fleet.Member, reg *prometheus.Registry) (stop f
 		}
 		http.Error(w, fmt.Sprintf("member %s is not live in fleet %s yet", m.Name(), st.Fleet), http.StatusServiceUnavailable)
 	})
+	return serve(ln, mux), fmt.Sprintf(", /metrics /healthz /readyz on http://%s", ln.Addr()), nil
+}
+
+// serve serves mux on ln until stop, which gives the requests in progress 5 s to finish.
+func serve(ln net.Listener, mux *http.ServeMux) (stop func() error) {
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
-	stop = func() error {
+	return func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		err := srv.Shutdown(ctx)
@@ -211,7 +216,6 @@ func serveMember(addr string, m *fleet.Member, reg *prometheus.Registry) (stop f
 		}
 		return err
 	}
-	return stop, fmt.Sprintf(", /metrics /healthz /readyz on http://%s", ln.Addr()), nil
 }
 
 // tenantEntry is one outbox of a --tenants JSON file.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -154,17 +153,5 @@ func serveRelay(addr string, f *forwarder.Forwarder, started <-chan struct{}, re
 		}
 		fmt.Fprintf(w, "ready: relay %s, last pass %s\n", f.Config().Name, h.LastPass.UTC().Format(time.RFC3339))
 	})
-	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	stop = func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		err := srv.Shutdown(ctx)
-		if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
-			err = serr
-		}
-		return err
-	}
-	return stop, fmt.Sprintf(", /metrics /healthz /readyz on http://%s", ln.Addr()), nil
+	return serve(ln, mux), fmt.Sprintf(", /metrics /healthz /readyz on http://%s", ln.Addr()), nil
 }

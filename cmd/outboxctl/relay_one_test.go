@@ -3,10 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -24,33 +21,9 @@ func TestRelayOneOutboxAsAServiceUntilSIGTERM(t *testing.T) {
 	t.Parallel()
 	dir := t.TempDir()
 	url := tenantDB(t, dir, "shop", 5)
-	cmd := exec.Command(os.Args[0], "relay", "--addr", "127.0.0.1:0")
-	cmd.Env = append(os.Environ(), "OUTBOXCTL_TEST_MAIN=1", "OUTBOXKIT_DATABASE_URL="+url, "OUTBOXKIT_BROKER_URL=memory://",
-		"OUTBOXKIT_RELAY=poll", "OUTBOXKIT_RELAY_NAME=orders")
-	var stdout, stderr syncBuffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	waited := false
-	t.Cleanup(func() {
-		if !waited {
-			_ = cmd.Process.Kill()
-			t.Logf("killed after the test failed: %v", <-exited)
-		}
-	})
-	var base string
-	addr := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+)`)
-	if !testenv.Within(20*time.Second, func() bool {
-		if m := addr.FindStringSubmatch(stdout.String()); m != nil {
-			base = m[1]
-		}
-		return base != ""
-	}) {
-		t.Fatalf("the relay did not say where it serves: %q %q", stdout.String(), stderr.String())
-	}
+	p := startRelay(t, []string{"OUTBOXKIT_DATABASE_URL=" + url, "OUTBOXKIT_BROKER_URL=memory://",
+		"OUTBOXKIT_RELAY=poll", "OUTBOXKIT_RELAY_NAME=orders"}, "relay", "--addr", "127.0.0.1:0")
+	cmd, stdout, stderr, exited, base := p.cmd, &p.stdout, &p.stderr, p.exited, p.base
 	if !strings.Contains(stdout.String(), "poll relay orders of sqlite") {
 		t.Errorf("the banner does not say what relays: %q", stdout.String())
 	}
@@ -72,7 +45,7 @@ func TestRelayOneOutboxAsAServiceUntilSIGTERM(t *testing.T) {
 	}
 	select {
 	case err := <-exited:
-		waited = true
+		p.waited = true
 		if err != nil {
 			t.Fatalf("after SIGTERM: %v\n%s", err, stderr.String())
 		}

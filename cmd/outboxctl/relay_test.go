@@ -100,6 +100,44 @@ func get(t *testing.T, url string) (int, string) {
 	return resp.StatusCode, string(body)
 }
 
+// relayProcess is outboxctl relay run as a process of its own (TestMain runs main), killed at the
+// test's end unless the test waited for it.
+type relayProcess struct {
+	cmd            *exec.Cmd
+	stdout, stderr syncBuffer
+	exited         chan error
+	waited         bool
+	base           string // where it serves, once it said so
+}
+
+// startRelay starts outboxctl with args and env, and waits until it says where it serves.
+func startRelay(t *testing.T, env []string, args ...string) *relayProcess {
+	t.Helper()
+	p := &relayProcess{cmd: exec.Command(os.Args[0], args...), exited: make(chan error, 1)}
+	p.cmd.Env = append(append(os.Environ(), "OUTBOXCTL_TEST_MAIN=1"), env...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.exited <- p.cmd.Wait() }()
+	t.Cleanup(func() {
+		if !p.waited {
+			_ = p.cmd.Process.Kill()
+			t.Logf("killed after the test failed: %v", <-p.exited)
+		}
+	})
+	addr := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+)`)
+	if !testenv.Within(20*time.Second, func() bool {
+		if m := addr.FindStringSubmatch(p.stdout.String()); m != nil {
+			p.base = m[1]
+		}
+		return p.base != ""
+	}) {
+		t.Fatalf("the relay did not say where it serves: %q %q", p.stdout.String(), p.stderr.String())
+	}
+	return p
+}
+
 // outboxctl relay as a process: it relays every outbox of its catalog, exports the fleet on
 // /metrics, is ready once live in the fleet, and on SIGTERM releases its leases and exits 0.
 func TestRelayUntilSIGTERM(t *testing.T) {
@@ -112,34 +150,9 @@ func TestRelayUntilSIGTERM(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cmd := exec.Command(os.Args[0], "relay", "--fleet", "shop", "--coordination", coordURL, "--broker", "memory://",
+	p := startRelay(t, nil, "relay", "--fleet", "shop", "--coordination", coordURL, "--broker", "memory://",
 		"--tenants", tenants, "--addr", "127.0.0.1:0", "--lease-ttl", "2s", "--member", "relay-1")
-	cmd.Env = append(os.Environ(), "OUTBOXCTL_TEST_MAIN=1")
-	var stdout, stderr syncBuffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	waited := false
-	t.Cleanup(func() {
-		if !waited {
-			_ = cmd.Process.Kill()
-			t.Logf("killed after the test failed: %v", <-exited)
-		}
-	})
-
-	var base string
-	addr := regexp.MustCompile(`on (http://127\.0\.0\.1:\d+)`)
-	if !testenv.Within(20*time.Second, func() bool {
-		if m := addr.FindStringSubmatch(stdout.String()); m != nil {
-			base = m[1]
-		}
-		return base != ""
-	}) {
-		t.Fatalf("the relay did not say where it serves: %q %q", stdout.String(), stderr.String())
-	}
+	cmd, stdout, stderr, exited, base := p.cmd, &p.stdout, &p.stderr, p.exited, p.base
 	if !testenv.Within(30*time.Second, func() bool { return pending(t, acme) == 0 && pending(t, globex) == 0 }) {
 		t.Fatalf("events still pending: acme %d, globex %d\n%s", pending(t, acme), pending(t, globex), stderr.String())
 	}
@@ -180,7 +193,7 @@ func TestRelayUntilSIGTERM(t *testing.T) {
 	}
 	select {
 	case err := <-exited:
-		waited = true
+		p.waited = true
 		if err != nil {
 			t.Fatalf("after SIGTERM: %v\n%s", err, stderr.String())
 		}
