@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"fmt"
 	"net/url"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,25 +25,9 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// envURL names a MariaDB or MySQL server with the binary log on in ROW format, where the tests
-// may change global settings: scripts/mariadb-binlog.sh starts a private one.
-const envURL = "OUTBOXKIT_TEST_MYSQLBINLOG_URL"
-
-// serverURL is the binlog server's URL, or the test is skipped naming the variable — failed
-// instead under CI=true or OUTBOXKIT_REQUIRE_SERVICES, where a skip must never pass for green.
-func serverURL(t testing.TB) string {
-	t.Helper()
-	if v := strings.TrimSpace(os.Getenv(envURL)); v != "" {
-		return v
-	}
-	msg := fmt.Sprintf("%s is not set: run scripts/mariadb-binlog.sh start and set %s=$(scripts/mariadb-binlog.sh url), "+
-		"or run the tests as scripts/mariadb-binlog.sh with go test ./forwarder/mysqlbinlog/", envURL, envURL)
-	if os.Getenv("CI") == "true" || os.Getenv("OUTBOXKIT_REQUIRE_SERVICES") != "" {
-		t.Fatal("a missing service is a failure here, not a skip (CI=true or OUTBOXKIT_REQUIRE_SERVICES set): " + msg)
-	}
-	t.Skip(msg)
-	return ""
-}
+// serverURL is the binlog server's URL (testenv.EnvMySQLBinlog: scripts/mariadb-binlog.sh starts
+// a private one), or the test is skipped naming the variable — failed instead under CI=true.
+func serverURL(t testing.TB) string { return testenv.MySQLBinlogURL(t) }
 
 // outbox is a migrated outbox in a database of its own on the binlog server, dropped when the
 // test ends.

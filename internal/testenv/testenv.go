@@ -31,6 +31,10 @@ const (
 	// EnvPGLogical names a Postgres server with wal_level = logical, for the log relay's tests:
 	// scripts/pg-logical.sh starts a private one (the shared server is never restarted for it).
 	EnvPGLogical = "OUTBOXKIT_TEST_PGLOGICAL_URL"
+	// EnvMySQLBinlog names a MariaDB or MySQL server with the binary log on in ROW format, where the
+	// binlog relay's tests may change global settings: scripts/mariadb-binlog.sh starts a private
+	// one (the shared server is never reconfigured for it).
+	EnvMySQLBinlog = "OUTBOXKIT_TEST_MYSQLBINLOG_URL"
 )
 
 // ContainerSpec is the container a service can be started in when its variable is unset.
@@ -107,6 +111,17 @@ var (
 			URL:  func(hp string) string { return "mysql://root@" + hp + "/test" },
 		},
 	}
+	mysqlBinlogService = &service{
+		env: EnvMySQLBinlog, example: "$(scripts/mariadb-binlog.sh url), after scripts/mariadb-binlog.sh start",
+		container: ContainerSpec{
+			Repository: "mariadb", Tag: "10.11",
+			Cmd: []string{"--log-bin", "--binlog-format=ROW", "--binlog-row-image=FULL", "--server-id=1",
+				"--gtid-domain-id=1", "--gtid-strict-mode=ON"},
+			Env:  []string{"MARIADB_ALLOW_EMPTY_ROOT_PASSWORD=1", "MARIADB_DATABASE=test"},
+			Port: "3306/tcp",
+			URL:  func(hp string) string { return "mysql://root@" + hp + "/test" },
+		},
+	}
 	natsService = &service{
 		env: EnvNATS, example: "nats://127.0.0.1:4222",
 		container: ContainerSpec{
@@ -149,6 +164,10 @@ func PGLogicalURL(t testing.TB) string { return pgLogicalService.get(t) }
 
 // MySQLURL returns the mysql:// URL of a MySQL 8 or MariaDB 10.6+ server for the test.
 func MySQLURL(t testing.TB) string { return mysqlService.get(t) }
+
+// MySQLBinlogURL returns the mysql:// URL of a MariaDB or MySQL server with the binary log on in
+// ROW format, where a test may change global settings (scripts/mariadb-binlog.sh starts one).
+func MySQLBinlogURL(t testing.TB) string { return mysqlBinlogService.get(t) }
 
 // AMQPURL returns the URL of a RabbitMQ server for the test.
 func AMQPURL(t testing.TB) string { return amqpService.get(t) }
