@@ -16,6 +16,7 @@ import (
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/internal/testenv"
 	"github.com/outboxkit/outboxkit/prom"
+	"github.com/outboxkit/outboxkit/store/storetest"
 )
 
 // txnBroker is a broker with transactions, in memory, that records when each commit came.
@@ -70,38 +71,36 @@ func TestTransactionInterval_SpacesTransactionsUnderWakeUps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	storetest.RunForwarder(t, f)
 	<-f.Running()
-	const rows = 12
-	for range rows { // a row and a wake-up every 50ms: 0.6s of them
+	writeRow(t, st.Store)
+	st.Wake()
+	if !testenv.Within(10*time.Second, func() bool { n, _ := broker.committed(); return n == 1 }) {
+		t.Fatal("the first row was not committed")
+	}
+	// Right after the first transaction, rows each with its own wake-up: without the interval
+	// each wake-up would start a pass at once.
+	const more = 10
+	for range more {
 		writeRow(t, st.Store)
 		st.Wake()
-		time.Sleep(50 * time.Millisecond) //nolint:forbidigo // the writers' pace, not a wait for the relay
 	}
-	if !testenv.Within(10*time.Second, func() bool { n, _ := broker.committed(); return n == rows }) {
+	if !testenv.Within(10*time.Second, func() bool { n, _ := broker.committed(); return n == 1+more }) {
 		n, _ := broker.committed()
-		t.Fatalf("%d of %d rows committed", n, rows)
+		t.Fatalf("%d of %d rows committed", n, 1+more)
 	}
 	_, commits := broker.committed()
+	if len(commits) < 2 {
+		t.Fatalf("%d transactions for rows written after the first one committed", len(commits))
+	}
 	for i := 1; i < len(commits); i++ {
 		if gap := commits[i].Sub(commits[i-1]); gap < interval*9/10 {
 			t.Errorf("commit %d came %s after the one before, want at least TransactionInterval (%s)", i, gap, interval)
 		}
 	}
-	t.Logf("%d rows woken one by one went in %d transactions", rows, len(commits))
+	t.Logf("%d rows, each with its wake-up, went in %d transactions", 1+more, len(commits))
 	if n := counterValue(t, reg, "outboxkit_forwarder_transactions_total", "committed"); int(n) != len(commits) {
 		t.Errorf("outboxkit_forwarder_transactions_total{outcome=committed} = %v, want %d", n, len(commits))
-	}
-	if len(commits) > rows/2 {
-		t.Errorf("%d transactions for %d rows 50ms apart with TransactionInterval %s: the interval does not gather them", len(commits), rows, interval)
 	}
 }
 
@@ -189,25 +188,20 @@ func TestTransactionalRecovery_BrokerAwayOpensTheCircuit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}()
+	storetest.RunForwarder(t, f)
 	<-f.Running()
 	writeRow(t, st.Store)
-	const wakes = 100
-	for range wakes { // a writer's commit every 10ms for a second
+	// Writers wake it at every poll until it has tried its recovery 4 times: a wake-up each would
+	// take a few milliseconds; the circuit's backoff of 100ms makes it 300ms at least.
+	start := time.Now()
+	if !testenv.Within(10*time.Second, func() bool {
 		st.Wake()
-		time.Sleep(10 * time.Millisecond) //nolint:forbidigo // the writers' pace, not a wait for the relay
+		return broker.recovered.Load() >= 4
+	}) {
+		t.Fatalf("%d recoveries in 10s with the broker away, want 4", broker.recovered.Load())
 	}
-	// The circuit's backoff is 100ms: about 10 recoveries in that second; one per wake-up, 100.
-	if n := broker.recovered.Load(); n > wakes/3 {
-		t.Errorf("%d recoveries in a second of %d wake-ups with the broker away: the wake-ups retry it, not the circuit", n, wakes)
+	if took := time.Since(start); took < 250*time.Millisecond {
+		t.Errorf("4 recoveries in %s under wake-ups with the broker away: the wake-ups retry it, not the circuit's backoff (100ms)", took)
 	}
 	if !f.Health().CircuitOpen {
 		t.Error("the circuit is closed while the broker is away")

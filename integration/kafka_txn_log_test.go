@@ -2,11 +2,10 @@ package integration
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -50,14 +49,24 @@ func TestKafkaTxn_LogRelayKilledAtRandomPointsExactlyOnce(t *testing.T) {
 
 	first := perKey / 5
 	writeEvents(t, db, topic, keys(nKeys), first)
-	writing := make(chan struct{})
-	go func() {
-		defer close(writing)
-		for i := first; i < perKey; i++ { // an event a key at a time, while the relays come and go
-			writeEventsFrom(t, db, topic, keys(nKeys), i, i+1)
-			time.Sleep(100 * time.Millisecond) //nolint:forbidigo // the writers' pace, not a wait for a condition
-		}
-	}()
+	// The others are written a few events a key at a time while the relays come and go: each
+	// process's share while it starts, beside it.
+	perLife, next := max(1, (perKey-first+kills-1)/kills), first
+	// The process learns its share is written from a file the writer makes once it is.
+	writeShare := func() (wrote <-chan struct{}, marker string) {
+		from, to := next, min(next+perLife, perKey)
+		next = to
+		marker = filepath.Join(t.TempDir(), "written")
+		ch := make(chan struct{})
+		go func() {
+			defer close(ch)
+			if from < to {
+				writeEventsFrom(t, db, topic, keys(nKeys), from, to)
+			}
+			_ = os.WriteFile(marker, nil, 0o600)
+		}()
+		return ch, marker
+	}
 
 	byPoint := map[string]int{}
 	recovered, done := 0, 0
@@ -67,7 +76,9 @@ func TestKafkaTxn_LogRelayKilledAtRandomPointsExactlyOnce(t *testing.T) {
 			t.Fatalf("%d log relay processes killed in 15 minutes, want %d", killed, kills)
 		}
 		point := []string{"after_commit", "timer"}[rand.IntN(2)]
-		code, out := runTxnLogRelay(t, pg, txnURL, point, 1+rand.IntN(4))
+		wrote, marker := writeShare()
+		code, out := runTxnLogRelay(t, pg, txnURL, point, 1+rand.IntN(4), marker)
+		<-wrote
 		recovered += recoveredRows(out)
 		switch code {
 		case -1:
@@ -79,8 +90,10 @@ func TestKafkaTxn_LogRelayKilledAtRandomPointsExactlyOnce(t *testing.T) {
 			t.Fatalf("log relay process exited with %d:\n%s", code, out)
 		}
 	}
-	<-writing
-	if code, out := runTxnLogRelay(t, pg, txnURL, "none", 0); code != 0 {
+	if next < perKey {
+		writeEventsFrom(t, db, topic, keys(nKeys), next, perKey)
+	}
+	if code, out := runTxnLogRelay(t, pg, txnURL, "none", 0, ""); code != 0 {
 		t.Fatalf("the last log relay process exited with %d:\n%s", code, out)
 	} else {
 		recovered += recoveredRows(out)
@@ -146,30 +159,17 @@ func recoveredRows(out string) int {
 
 // runTxnLogRelay runs one log relay process (TestHelperKafkaTxnLogRelay) and returns its exit
 // code, -1 when it was killed, and its output.
-func runTxnLogRelay(t *testing.T, pg *testenv.PG, kafkaURL, point string, at int) (int, string) {
+func runTxnLogRelay(t *testing.T, pg *testenv.PG, kafkaURL, point string, at int, written string) (int, string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperKafkaTxnLogRelay$", "-test.v")
-	cmd.Env = append(os.Environ(), "OUTBOXKIT_HELPER_KAFKA_TXN_LOG="+strings.Join([]string{
-		pg.URL, string(pg.Schema), kafkaURL, point, strconv.Itoa(at)}, "|"))
-	out, err := cmd.CombinedOutput()
-	var exit *exec.ExitError
-	switch {
-	case err == nil:
-		return 0, string(out)
-	case errors.As(err, &exit):
-		if ws, ok := exit.Sys().(syscall.WaitStatus); ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL {
-			return -1, string(out)
-		}
-		return exit.ExitCode(), string(out)
-	}
-	t.Fatalf("log relay process: %v", err)
-	return 0, ""
+	return runKilledHelper(t, "TestHelperKafkaTxnLogRelay", "OUTBOXKIT_HELPER_KAFKA_TXN_LOG",
+		pg.URL, string(pg.Schema), kafkaURL, point, strconv.Itoa(at), written)
 }
 
 // TestHelperKafkaTxnLogRelay is the log relay process of the proof: it kills its own process with
 // SIGKILL at its point — "after_commit", in its at-th checkpoint that has something to record,
 // which with transactions follows its commit; "timer", at a random instant up to at×100 ms from
-// its start — or exits after 3 seconds if the point did not come; with point "none" it exits once
+// its start — or exits once its share of the writes (written: the file the writer makes when done)
+// is relayed, or after 3 seconds, if the point did not come; with point "none" it exits once
 // the outbox is drained.
 func TestHelperKafkaTxnLogRelay(t *testing.T) {
 	spec := os.Getenv("OUTBOXKIT_HELPER_KAFKA_TXN_LOG")
@@ -215,12 +215,14 @@ func TestHelperKafkaTxnLogRelay(t *testing.T) {
 	case err := <-done:
 		t.Fatalf("log relay ended before reading its slot: %v", err)
 	}
+	drained := func() bool { return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox`) == 0 }
+	writesDone := func() bool { _, err := os.Stat(p[5]); return err == nil }
 	if p[3] == "none" {
-		testenv.Eventually(t, 5*time.Minute, "the outbox to be drained", func() bool {
-			return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox`) == 0
-		})
+		testenv.Eventually(t, 5*time.Minute, "the outbox to be drained", drained)
 	} else {
-		time.Sleep(3 * time.Second) //nolint:forbidigo // the process's lifetime, waiting for its point
+		// It waits for its point, which kills it, until its share of the writes is relayed and
+		// checkpointed (or 3 s have passed): then nothing more brings its point.
+		testenv.Within(3*time.Second, func() bool { return writesDone() && drained() })
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -122,15 +122,7 @@ func TestKafkaTxn_ZombieIsFencedBySuccessor(t *testing.T) {
 	<-stalled // the zombie published 50 rows in its open transaction and stalls before committing
 
 	successor := newRelay(t, db, openBackend(t, txnURL, kafkaOpts).Publisher, func(c *forwarder.Config) { c.BatchSize = 50 })
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- successor.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("successor: %v", err)
-		}
-	}()
+	storetest.RunForwarder(t, successor)
 	// The successor's first pass fences the zombie. The zombie's claim holds the first rows of
 	// every key (on Postgres, row locks), so the successor has nothing to publish until it ends.
 	testenv.Eventually(t, 30*time.Second, "the successor's first pass", func() bool {
@@ -211,9 +203,16 @@ func killRelayLoop(t *testing.T, pg *testenv.PG, kafkaURL, topic string, kills i
 // it was killed, and its output.
 func runTxnRelay(t *testing.T, pg *testenv.PG, kafkaURL, point string, at int) (int, string) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperKafkaTxnRelay$", "-test.v")
-	cmd.Env = append(os.Environ(), "OUTBOXKIT_HELPER_KAFKA_TXN="+strings.Join([]string{
-		pg.URL, string(pg.Schema), kafkaURL, point, strconv.Itoa(at)}, "|"))
+	return runKilledHelper(t, "TestHelperKafkaTxnRelay", "OUTBOXKIT_HELPER_KAFKA_TXN",
+		pg.URL, string(pg.Schema), kafkaURL, point, strconv.Itoa(at))
+}
+
+// runKilledHelper runs the test helper process named test with its spec — fields joined by |, in
+// variable env — and returns its exit code, -1 when SIGKILL ended it, and its output.
+func runKilledHelper(t *testing.T, test, env string, fields ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+test+"$", "-test.v")
+	cmd.Env = append(os.Environ(), env+"="+strings.Join(fields, "|"))
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
 	switch {
@@ -225,7 +224,7 @@ func runTxnRelay(t *testing.T, pg *testenv.PG, kafkaURL, point string, at int) (
 		}
 		return exit.ExitCode(), string(out)
 	}
-	t.Fatalf("relay process: %v", err)
+	t.Fatalf("%s process: %v", test, err)
 	return 0, ""
 }
 
@@ -470,15 +469,7 @@ func TestKafkaTxn_BrokerCutOffMidDrainNothingTwice(t *testing.T) {
 		c.CircuitWatch = 50 * time.Millisecond
 		c.Metrics = prom.NewForwarderMetrics(reg)
 	})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- relay.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("relay: %v", err)
-		}
-	}()
+	storetest.RunForwarder(t, relay)
 	published := func() int { return pg.Int(t, `SELECT count(*) FROM {{schema}}.outbox WHERE published_at IS NOT NULL`) }
 	for cut := 1; cut <= 4; cut++ {
 		before := published()
