@@ -118,7 +118,13 @@ start() { # prints "started" when this call started the server
   # shuts the server down cleanly, not the server itself.
   # What it prints before its error log is open goes to console.log.
   as_my touch "$dir/console.log"
-  as_my setsid "$bin/mariadbd" --defaults-file="$cnf" </dev/null >>"$dir/console.log" 2>&1 &
+  # A simple command, not as_my: a function run in the background is a subshell that keeps the
+  # caller's descriptors (a pipe it is read through, say) open as long as the server runs.
+  if [ "$(id -u)" = 0 ]; then
+    setsid runuser -u mysql -- "$bin/mariadbd" --defaults-file="$cnf" </dev/null >>"$dir/console.log" 2>&1 &
+  else
+    setsid "$bin/mariadbd" --defaults-file="$cnf" </dev/null >>"$dir/console.log" 2>&1 &
+  fi
   local i
   for i in $(seq 1 600); do
     if "$client/mariadb-admin" --no-defaults --protocol=TCP -h 127.0.0.1 -P "$port" -u root --connect-timeout=1 ping >/dev/null 2>&1; then
