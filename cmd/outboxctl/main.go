@@ -56,8 +56,9 @@ Commands:
                                 SIGINT stops it, its leases released, exit 0
   relay --broker URL [--relay poll|log] [--name NAME] [--log-mode table|wal] [--addr :9090]
         [--transaction-interval 20ms]
-                                the relay of the one outbox of --db, by polling or by reading Postgres's write-ahead
-                                log; settings also from the environment (OUTBOXKIT_DATABASE_URL, OUTBOXKIT_BROKER_URL,
+                                the relay of the one outbox of --db, by polling or by reading the database's log
+                                (Postgres's write-ahead log, the binary log of MySQL or MariaDB); settings also from
+                                the environment (OUTBOXKIT_DATABASE_URL, OUTBOXKIT_BROKER_URL,
                                 OUTBOXKIT_RELAY, OUTBOXKIT_RELAY_NAME, OUTBOXKIT_LOG_MODE: a systemd EnvironmentFile or
                                 docker --env-file); SIGTERM publishes and marks what it holds, exit 0; a relay a
                                 newer one of its Kafka relay group fenced exits 1

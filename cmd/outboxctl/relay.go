@@ -44,12 +44,13 @@ func (e *env) relayCmd(ctx context.Context, args []string) error {
 	leaseTTL := fs.Duration("lease-ttl", fleet.DefaultLeaseTTL, "the term of the member's heartbeat and leases: a member silent this long "+
 		"is taken for dead and its outboxes taken")
 	var one oneRelay
-	fs.StringVar(&one.relay, "relay", envOr("OUTBOXKIT_RELAY", "poll"), "without --fleet: poll (any database) or log (Postgres's write-ahead log, "+
-		"wal_level = logical) (env OUTBOXKIT_RELAY)")
+	fs.StringVar(&one.relay, "relay", envOr("OUTBOXKIT_RELAY", "poll"), "without --fleet: poll (any database) or log, the database's log: "+
+		"Postgres's write-ahead log (wal_level = logical), or the binary log of MySQL or MariaDB (binlog_format = ROW, binlog_row_image = FULL, "+
+		"a user with REPLICATION SLAVE and BINLOG MONITOR — REPLICATION CLIENT on MySQL) (env OUTBOXKIT_RELAY)")
 	fs.StringVar(&one.name, "name", envOr("OUTBOXKIT_RELAY_NAME", forwarder.DefaultName), "without --fleet: the relay's name, in logs and metrics; "+
-		"the log relay's group, which names its slot (env OUTBOXKIT_RELAY_NAME)")
+		"the log relay's group, which names its slot (Postgres) or its checkpoint and lock (MySQL) (env OUTBOXKIT_RELAY_NAME)")
 	fs.StringVar(&one.logMode, "log-mode", envOr("OUTBOXKIT_LOG_MODE", string(pglog.ModeTable)), "with --relay log: table (writers insert rows) or wal "+
-		"(writers emit logical messages) (env OUTBOXKIT_LOG_MODE)")
+		"(writers emit logical messages; Postgres only) (env OUTBOXKIT_LOG_MODE)")
 	fs.DurationVar(&one.txnInterval, "transaction-interval", 0, "without --fleet, with a transactional Kafka broker URL (transactional_id=): "+
 		"the least time between two transactions while passes are not full")
 	if err := parse(fs, args, e.stdout); err != nil {

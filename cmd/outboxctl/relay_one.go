@@ -16,6 +16,7 @@ import (
 	"github.com/outboxkit/outboxkit"
 	"github.com/outboxkit/outboxkit/backends"
 	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/forwarder/mysqlbinlog"
 	"github.com/outboxkit/outboxkit/forwarder/pglog"
 	"github.com/outboxkit/outboxkit/prom"
 	"github.com/outboxkit/outboxkit/store"
@@ -23,7 +24,8 @@ import (
 )
 
 // oneRelay is `outboxctl relay` without --fleet: the relay of one outbox, --db, by polling or by
-// reading Postgres's write-ahead log, until SIGTERM or SIGINT.
+// reading the database's log — Postgres's write-ahead log (forwarder/pglog), the binary log of MySQL
+// or MariaDB (forwarder/mysqlbinlog) — until SIGTERM or SIGINT.
 type oneRelay struct {
 	broker, relay, name, logMode, addr string
 	txnInterval                        time.Duration
@@ -33,6 +35,7 @@ type oneRelay struct {
 // first, then it returns nil. A relay another relay of its Kafka relay group fenced returns that
 // error (exit 1): its successor carries on, and a supervisor's restart makes it the next one.
 func (e *env) runOne(ctx context.Context, o oneRelay) error {
+	dialect := logDialect(e.dbURL)
 	switch {
 	case e.dbURL == "":
 		return usagef("relay: pass --db URL (or set OUTBOXKIT_DATABASE_URL): the database of the outbox to relay; " +
@@ -42,11 +45,16 @@ func (e *env) runOne(ctx context.Context, o oneRelay) error {
 	case o.broker == "":
 		return usagef("relay: pass --broker URL (or set OUTBOXKIT_BROKER_URL): the broker the outbox publishes to")
 	case o.relay != "poll" && o.relay != "log":
-		return usagef("relay: --relay must be poll (any database) or log (Postgres's write-ahead log), got %q", o.relay)
-	case o.relay == "log" && !strings.HasPrefix(strings.ToLower(e.dbURL), "postgres"):
-		return usagef("relay: --relay log reads Postgres's write-ahead log; %s is not Postgres: use --relay poll", store.RedactURL(e.dbURL))
+		return usagef("relay: --relay must be poll (any database) or log (the database's log: Postgres's write-ahead log, "+
+			"the binary log of MySQL or MariaDB), got %q", o.relay)
+	case o.relay == "log" && dialect == "":
+		return usagef("relay: --relay log reads Postgres's write-ahead log or the binary log of MySQL or MariaDB; %s is neither: use --relay poll",
+			store.RedactURL(e.dbURL))
 	case o.logMode != string(pglog.ModeTable) && o.logMode != string(pglog.ModeWAL):
 		return usagef("relay: --log-mode must be table or wal, got %q", o.logMode)
+	case o.relay == "log" && dialect == "mysql" && o.logMode != string(pglog.ModeTable):
+		return usagef("relay: --log-mode %s is Postgres's (writers emit logical messages); the binlog relay reads outbox rows "+
+			"from the binary log of MySQL or MariaDB: use --log-mode table", o.logMode)
 	case o.txnInterval < 0:
 		return usagef("relay: --transaction-interval must be 0 or positive, got %s", o.txnInterval)
 	}
@@ -61,7 +69,7 @@ func (e *env) runOne(ctx context.Context, o oneRelay) error {
 			_ = closers[i]()
 		}
 	}()
-	if o.relay == "log" {
+	if o.relay == "log" && dialect == "postgres" {
 		var err error
 		if pool, err = pgxpool.New(ctx, e.dbURL); err != nil {
 			return fmt.Errorf("database URL %s: %w", store.RedactURL(e.dbURL), err)
@@ -95,7 +103,15 @@ func (e *env) runOne(ctx context.Context, o oneRelay) error {
 		return &usageError{err.Error()}
 	}
 	run, started := f.Run, f.Running()
-	if o.relay == "log" {
+	switch {
+	case o.relay == "log" && dialect == "mysql":
+		// The binlog relay reads the binary log through its own connections to --db.
+		lr, err := mysqlbinlog.New(mysqlbinlog.Config{Forwarder: f, URL: e.dbURL})
+		if err != nil {
+			return &usageError{err.Error()}
+		}
+		run, started = lr.Run, lr.Reading()
+	case o.relay == "log":
 		lr, err := pglog.New(pglog.Config{Forwarder: f, Pool: pool, Mode: pglog.Mode(o.logMode)})
 		if err != nil {
 			return &usageError{err.Error()}
@@ -128,9 +144,22 @@ func (e *env) runOne(ctx context.Context, o oneRelay) error {
 	return err
 }
 
+// logDialect is the database whose log --relay log reads at url: postgres, mysql, or "" where
+// there is none (SQLite).
+func logDialect(url string) string {
+	scheme, _, _ := strings.Cut(strings.ToLower(url), "://")
+	switch scheme {
+	case "postgres", "postgresql":
+		return "postgres"
+	case "mysql":
+		return "mysql"
+	}
+	return ""
+}
+
 // serveRelay serves the relay's /metrics, /healthz (the process runs) and /readyz (it relays:
-// started — listening for writers, or reading its slot — and the broker neither unreachable nor
-// refusing it) on addr, until stop is called.
+// started — listening for writers, reading its slot or the binary log — and the broker neither
+// unreachable nor refusing it) on addr, until stop is called.
 func serveRelay(addr string, f *forwarder.Forwarder, started <-chan struct{}, reg *prometheus.Registry) (stop func() error, banner string, err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -77,7 +78,9 @@ func TestRelayOneOutboxMistakes(t *testing.T) {
 		{[]string{"--db", "shop.db", "relay", "--broker", "memory://"}, 2, "is not a database URL"},
 		{[]string{"--db", good, "relay"}, 2, "pass --broker URL"},
 		{[]string{"--db", good, "relay", "--broker", "memory://", "--relay", "wal"}, 2, "--relay must be poll"},
-		{[]string{"--db", good, "relay", "--broker", "memory://", "--relay", "log"}, 2, "reads Postgres's write-ahead log"},
+		{[]string{"--db", good, "relay", "--broker", "memory://", "--relay", "log"}, 2, "or the binary log of MySQL or MariaDB; sqlite"},
+		{[]string{"--db", "mysql://root@127.0.0.1:1/shop", "relay", "--broker", "memory://", "--relay", "log", "--log-mode", "wal"}, 2,
+			"--log-mode wal is Postgres's"},
 		{[]string{"--db", good, "relay", "--broker", "memory://", "--log-mode", "rows"}, 2, "--log-mode must be table or wal"},
 		{[]string{"--db", good, "relay", "--broker", "nowhere://"}, 1, "open the broker"},
 		{[]string{"--db", notMigrated, "relay", "--broker", "memory://"}, 1, "outboxctl migrate"},
@@ -144,5 +147,103 @@ func TestRelayOneOutboxByTheLog(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "log relay orders of postgres") {
 		t.Errorf("the banner does not say the log relay runs: %q", out.String())
+	}
+}
+
+// The binlog relay as a service: --relay log on a mysql:// --db (here from the environment, as an
+// env file sets it) reads the outbox's rows from the binary log of MariaDB, publishes them to the
+// broker, removes them at its checkpoint — a row of its relay group in binlog_relays — and on
+// SIGTERM exits 0.
+func TestRelayOneOutboxByTheBinlog(t *testing.T) {
+	t.Parallel()
+	server, amqpURL := testenv.MySQLBinlogURL(t), testenv.AMQPURL(t)
+	name := testenv.UniqueName(t, "ctl")
+	admin := testenv.OpenMySQL(t, server)
+	if _, err := admin.Exec("CREATE DATABASE `" + name + "`"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec("DROP DATABASE IF EXISTS `" + name + "`") })
+	u, err := url.Parse(server)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/" + name
+	dbURL := u.String()
+	if code, _, stderr := ctl(t, "--db", dbURL, "--schema", name, "migrate"); code != 0 {
+		t.Fatalf("migrate: exit %d, %s", code, stderr)
+	}
+	topic := name + ".orders"
+	q := testenv.BindQueue(t, amqpURL, topic)
+
+	p := startRelay(t, []string{"OUTBOXKIT_DATABASE_URL=" + dbURL, "OUTBOXKIT_SCHEMA=" + name, "OUTBOXKIT_BROKER_URL=" + amqpURL,
+		"OUTBOXKIT_RELAY=log", "OUTBOXKIT_RELAY_NAME=orders"}, "relay", "--addr", "127.0.0.1:0")
+	if !strings.Contains(p.stdout.String(), "log relay orders of mysql "+name) {
+		t.Errorf("the banner does not say the log relay runs on MySQL: %q", p.stdout.String())
+	}
+	// Ready once it reads the binary log: what commits from now on reaches it from there.
+	if !testenv.Within(30*time.Second, func() bool { code, _ := get(t, p.base+"/readyz"); return code == 200 }) {
+		t.Fatalf("/readyz never said ready\n%s", p.stderr.String())
+	}
+
+	ctx := context.Background()
+	s, err := store.Open(ctx, dbURL, store.OpenOptions{Schema: name, PollOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	tx, err := s.SQL.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := pipeline.NewPublisher(s, tx, pipeline.PublisherConfig{})
+	want := map[string]bool{}
+	for i := range 3 {
+		ev := pipeline.NewEvent("OrderPlaced", fmt.Sprint("order-", i), []byte(`{}`))
+		want[ev.UUID] = true
+		if err := pub.Publish(topic, ev); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range q.WaitFor(t, 3, 30*time.Second) {
+		if !want[d.UUID] {
+			t.Errorf("received message %s, which was not written", d.UUID)
+		}
+		delete(want, d.UUID)
+	}
+	if len(want) > 0 {
+		t.Errorf("never received %v", want)
+	}
+	// The binlog relay removes what it published, at its checkpoint, which it records beside.
+	count := func(query string) int {
+		var n int
+		if err := s.SQL.QueryRowContext(ctx, query).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	testenv.Eventually(t, 30*time.Second, "the rows relayed and removed", func() bool {
+		return count("SELECT COUNT(*) FROM `"+name+"`.outbox") == 0
+	})
+	if n := count("SELECT COUNT(*) FROM `" + name + "`.binlog_relays WHERE name = 'orders'"); n != 1 {
+		t.Errorf("%d checkpoints of relay group orders in binlog_relays, want 1", n)
+	}
+
+	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-p.exited:
+		p.waited = true
+		if err != nil {
+			t.Fatalf("after SIGTERM: %v\n%s", err, p.stderr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the relay did not exit within 20s of SIGTERM")
+	}
+	if !strings.Contains(p.stdout.String(), "relay orders stopped") {
+		t.Errorf("no word of stopping: %q", p.stdout.String())
 	}
 }

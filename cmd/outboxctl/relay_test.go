@@ -287,7 +287,7 @@ func TestRelayMistakes(t *testing.T) {
 		{append(base, "--tenants", write("bad.txt", "acme\n")), 2, "line 1: want \"name url [schema] [relay]\""},
 		{append(base, "--tenants", write("bad.json", `[{"name":"acme","uri":"x"}]`)), 2, `unknown field "uri"`},
 		{append(base, "--tenants", write("dup.json", `[{"name":"a","url":"sqlite:///a.db"},{"name":"a","url":"sqlite:///b.db"}]`)), 2, "more than once"},
-		{append(base, "--tenants", write("log.txt", "acme mysql://db/x outboxkit log\n")), 2, "write-ahead log"},
+		{append(base, "--tenants", write("log.txt", "acme mysql://db/x outboxkit log\n")), 2, "is a mysql:// URL"},
 		{append(base, "--tenants", filepath.Join(dir, "missing.txt")), 2, "no such file"},
 		{[]string{"relay", "--fleet", "shop", "--coordination", "sqlite://" + filepath.Join(dir, "typo.db"), "--broker", "memory://", "--tenants", good},
 			1, "the file must exist"},
