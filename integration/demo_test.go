@@ -497,3 +497,46 @@ func TestDemo_PartsAsSeparateProcesses(t *testing.T) {
 		t.Fatalf("%d events still pending", n)
 	}
 }
+
+// The demo with the binlog relay: --relay log on a mysql:// --db whose server keeps the binary log
+// reads the outbox's rows from it (forwarder/mysqlbinlog) and removes each once published; every
+// order reaches every consumer, no row is left and the relay group has its checkpoint. --relay-mode
+// wal, Postgres's, is refused on MySQL.
+func TestDemo_BinlogRelayOnMySQL(t *testing.T) {
+	t.Parallel()
+	server := testenv.MySQLBinlogURL(t)
+	demo, _ := binaries(t)
+	schema := testenv.UniqueName(t, "demo")
+	admin := testenv.OpenMySQL(t, server)
+	t.Cleanup(func() {
+		for _, db := range []string{schema, schema + "_gateway"} {
+			_, _ = admin.Exec("DROP DATABASE IF EXISTS `" + db + "`")
+		}
+	})
+	out, err := exec.Command(demo, "--db", server, "--schema", schema, "--broker", "memory://", "--relay", "log",
+		"--orders", "40", "--addr", "127.0.0.1:0", "--status-every", "0").CombinedOutput()
+	if err != nil {
+		t.Fatalf("the demo with the binlog relay: %v\n%s", err, out)
+	}
+	if want := "done: 40 orders placed; shipping 40, billing 40, search 40,"; !strings.Contains(string(out), want) {
+		t.Fatalf("the demo's output lacks %q:\n%s", want, out)
+	}
+	count := func(query string) int {
+		var n int
+		if err := admin.QueryRow(query).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := count("SELECT COUNT(*) FROM `" + schema + "`.outbox"); n != 0 {
+		t.Errorf("%d outbox rows left: the binlog relay removes each row it published", n)
+	}
+	if n := count("SELECT COUNT(*) FROM `" + schema + "`.binlog_relays WHERE name = 'demo'"); n != 1 {
+		t.Errorf("%d checkpoints of relay group demo, want 1", n)
+	}
+
+	out, err = exec.Command(demo, "--db", server, "--relay", "log", "--relay-mode", "wal").CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "--relay-mode wal is Postgres's") {
+		t.Errorf("--relay-mode wal on MySQL: %v, want exit 2 saying it is Postgres's:\n%s", err, out)
+	}
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/outboxkit/outboxkit/backends"
 	_ "github.com/outboxkit/outboxkit/backends/allbackends" // every broker URL
 	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/forwarder/mysqlbinlog"
 	"github.com/outboxkit/outboxkit/forwarder/pglog"
 	"github.com/outboxkit/outboxkit/idempotency"
 	"github.com/outboxkit/outboxkit/internal/faults"
@@ -163,7 +164,7 @@ func run(ctx context.Context, o options) (err error) {
 		reg.MustRegister(prom.NewLagCollector(broker, topic, groups...))
 	}
 	var runRelay func(context.Context) error
-	var reading <-chan struct{} // the log relay's: closed once it reads its slot
+	var reading <-chan struct{} // the log relay's: closed once it reads its slot, or the binary log
 	if o.runs(roleRelay) {
 		faulty := &faultyPublisher{Publisher: broker.Publisher, failEvery: o.failPublishEvery, crashEvery: o.crashAfterPublish}
 		var pub message.Publisher = faulty
@@ -183,6 +184,15 @@ func run(ctx context.Context, o options) (err error) {
 		}
 		runRelay = relay.Run
 		switch {
+		case o.relay == relayLog && o.dialect() == "mysql":
+			lr, err := mysqlbinlog.New(mysqlbinlog.Config{Forwarder: relay, URL: o.dbURL})
+			if err != nil {
+				return err
+			}
+			runRelay, reading = lr.Run, lr.Reading()
+			if o.crashAfterPublish > 0 {
+				faulty.crashAfterSeconds(mysqlbinlog.DefaultFlushInterval)
+			}
 		case o.relay == relayLog:
 			pool, err := pgxpool.New(ctx, o.dbURL)
 			if err != nil {
@@ -318,13 +328,17 @@ func run(ctx context.Context, o options) (err error) {
 	defer stopStatus()
 
 	if o.orders > 0 && reading != nil {
-		// In WAL mode the writers refuse until the relay has made its slot; in table mode the
-		// status lines would show the events waiting for it.
+		// In WAL mode the writers refuse until the relay has made its slot; in table mode (and
+		// with the binlog relay) the status lines would show the events waiting for it.
 		select {
 		case <-reading:
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(60 * time.Second):
+			if o.dialect() == "mysql" {
+				return errors.New("the binlog relay did not read the binary log within 60s: does another relay process of --relay-group " +
+					o.relayGroup + " hold its lock? see its log above (--log-level info)")
+			}
 			return errors.New("the log relay did not read its replication slot within 60s: is wal_level = logical? see its log above (--verbose)")
 		}
 	}

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -19,6 +21,14 @@ type faultyPublisher struct {
 	crashEvery int64 // --crash-after-publish: every Nth pass that publishes dies before marking
 	calls      atomic.Int64
 	passes     atomic.Int64
+
+	// With the binlog relay (crashAfterSeconds): the length of one second of publishing (the
+	// relay's flush interval), and the seconds this process has published in so far.
+	second  time.Duration
+	mu      sync.Mutex
+	started time.Time
+	seconds int64 // seconds since started in which a publish happened
+	last    int64 // the last of them, counted from started
 }
 
 func (p *faultyPublisher) Publish(topic string, msgs ...*message.Message) error {
@@ -28,7 +38,38 @@ func (p *faultyPublisher) Publish(topic string, msgs ...*message.Message) error 
 	if err := p.Publisher.Publish(topic, msgs...); err != nil {
 		return err
 	}
+	if p.second > 0 {
+		p.afterBinlogPublish()
+	}
 	return nil
+}
+
+// crashAfterSeconds makes --crash-after-publish N exit the process in its Nth second of
+// publishing (each second one interval, the binlog relay's flush interval), right after a publish
+// the broker confirmed: the relay's checkpoint, which removes the published rows and records the
+// position behind them, has not covered it yet. The group's standby takes over from the last
+// checkpoint and publishes that second's rows again. The binlog relay exposes no flush to hook, as
+// the Postgres log relay does (beforeConfirm); a second of publishing is a flush's worth: every one
+// writes a checkpoint. (Seconds rather than messages, for the reason beforeConfirm counts flushes:
+// a process that died after N messages would die before its first checkpoint every time once the
+// backlog behind the checkpoint outgrew N.)
+func (p *faultyPublisher) crashAfterSeconds(interval time.Duration) { p.second = interval }
+
+func (p *faultyPublisher) afterBinlogPublish() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := time.Now()
+	if p.started.IsZero() {
+		p.started = now
+	}
+	if s := int64(now.Sub(p.started) / p.second); p.seconds == 0 || s != p.last {
+		p.seconds, p.last = p.seconds+1, s
+		if p.seconds%p.crashEvery == 0 {
+			fmt.Fprintf(os.Stderr, "demo: fault: binlog relay exits in its second %d of publishing, after publishing, before its checkpoint (--crash-after-publish %d)\n",
+				p.seconds, p.crashEvery)
+			os.Exit(3)
+		}
+	}
 }
 
 // Check is the broker publisher's own, so that the relay watches the broker through this wrapper

@@ -36,7 +36,8 @@ type options struct {
 	only      []string // consumers to run; all when empty
 	relayName string
 	// relay is the kind of relay a relay process runs: poll (forwarder.Run, every store) or log
-	// (forwarder/pglog, Postgres with wal_level = logical), in relayMode table or wal.
+	// (forwarder/pglog on Postgres with wal_level = logical, in relayMode table or wal;
+	// forwarder/mysqlbinlog on MySQL or MariaDB with the binary log, in relayMode table).
 	relay, relayMode, relayGroup string
 	// kafkaInstanceID makes this process's Kafka subscriptions static members of their groups
 	// (backends.Options.KafkaInstanceID), so that its restart does not rebalance them.
@@ -89,12 +90,14 @@ func main() {
 		"orders (the HTTP service and the payment gateway), relay (a forwarder: run several) or consumers")
 	consumers := flag.String("consumers", "", "with --role consumers: the consumers to run, comma-separated (default: shipping,billing,search)")
 	flag.StringVar(&o.relayName, "relay-name", "demo", "the forwarder's name in metrics and logs (give each relay process its own)")
-	flag.StringVar(&o.relay, "relay", relayPoll, "the relay: poll (the polling forwarder, every store) or log (forwarder/pglog: reads the outbox from "+
-		"a logical replication slot; Postgres with wal_level = logical, a REPLICATION role, no pooler)")
+	flag.StringVar(&o.relay, "relay", relayPoll, "the relay: poll (the polling forwarder, every store) or log, which reads the outbox from the "+
+		"database's log: on Postgres forwarder/pglog, from a logical replication slot (wal_level = logical, a REPLICATION role, no pooler); on "+
+		"MySQL or MariaDB forwarder/mysqlbinlog, from the binary log (binlog_format = ROW, binlog_row_image = FULL, a user with REPLICATION SLAVE "+
+		"and BINLOG MONITOR — REPLICATION CLIENT on MySQL)")
 	flag.StringVar(&o.relayMode, "relay-mode", string(pglog.ModeTable), "with --relay log, how writers hand it their events: table (outbox rows, "+
-		"which it removes once published) or wal (logical decoding messages, no row; Postgres 14+). Give every process of the demo the same mode")
-	flag.StringVar(&o.relayGroup, "relay-group", "demo", "with --relay log, the relay group: it names the replication slot, which one relay "+
-		"process of the group reads at a time while the others stand by")
+		"which it removes once published) or wal (Postgres 14+ only: logical decoding messages, no row). Give every process of the demo the same mode")
+	flag.StringVar(&o.relayGroup, "relay-group", "demo", "with --relay log, the relay group: it names the replication slot (Postgres) or the "+
+		"checkpoint and the lock (MySQL), which one relay process of the group holds at a time while the others stand by")
 	flag.StringVar(&o.kafkaInstanceID, "kafka-instance-id", "", "kafka: this process's static member name in its consumer groups, stable across "+
 		"its restarts and unique among the group's processes (\"billing-0\"): a restart within the session timeout does not rebalance the group")
 	flag.IntVar(&o.unacked, "unacked", 1, "how many messages each consumer handles at once (its subscription hands out that many before the first is "+
@@ -114,7 +117,8 @@ func main() {
 	flag.Int64Var(&o.failPublishEvery, "fail-publish-every", 0, "refuse every Nth publish: the forwarder backs off and retries it")
 	flag.Int64Var(&o.crashAfterPublish, "crash-after-publish", 0, "make every Nth relay pass die after publishing, before marking: "+
 		"the rows are published again and every inbox absorbs the duplicates; with --relay log, which has no passes, the process exits "+
-		"at every Nth flush, after publishing, before the relay confirms what it published: the group's standby takes the slot over and publishes it again")
+		"after publishing, before the relay confirms what it published — on Postgres at every Nth flush, on MySQL in its Nth second of publishing "+
+		"(a checkpoint each) — and the group's standby takes over and publishes it again")
 	flag.Int64Var(&o.poisonEvery, "poison-every", 0, "give every Nth order's event a payload no consumer can decode: each consumer dead-letters it")
 	flag.StringVar(&o.poisonCustomer, "poison-customer", "", "give the events of this customer's orders a payload no consumer can decode: each consumer dead-letters them")
 	flag.Int64Var(&o.consumerCrash, "consumer-crash-every", 0, "make Billing fail before commit on every Nth message: it is rolled back and redelivered")
@@ -189,12 +193,20 @@ func (o options) validate() error {
 			errs = append(errs, "--relay-mode goes with --relay log (the polling relay reads outbox rows)")
 		}
 	case relayLog:
-		if !strings.HasPrefix(o.dbURL, "postgres://") && !strings.HasPrefix(o.dbURL, "postgresql://") {
-			errs = append(errs, "--relay log reads Postgres's write-ahead log: pass a postgres:// --db whose server runs wal_level = logical "+
-				"(or use --relay poll, which works on every database)")
-		}
-		if o.relayMode != string(pglog.ModeTable) && o.relayMode != string(pglog.ModeWAL) {
-			errs = append(errs, fmt.Sprintf("--relay-mode %q: use table or wal", o.relayMode))
+		switch o.dialect() {
+		case "postgres":
+			if o.relayMode != string(pglog.ModeTable) && o.relayMode != string(pglog.ModeWAL) {
+				errs = append(errs, fmt.Sprintf("--relay-mode %q: use table or wal", o.relayMode))
+			}
+		case "mysql":
+			if o.relayMode != string(pglog.ModeTable) {
+				errs = append(errs, fmt.Sprintf("--relay-mode %q: the binlog relay (MySQL, MariaDB) reads outbox rows from the binary log; "+
+					"--relay-mode wal is Postgres's (logical decoding messages): use --relay-mode table, or a postgres:// --db", o.relayMode))
+			}
+		default:
+			errs = append(errs, "--relay log reads the database's log — Postgres's write-ahead log (wal_level = logical) or the binary log of "+
+				"MySQL or MariaDB (binlog_format = ROW): pass a postgres:// or mysql:// --db whose server keeps it, or use --relay poll, "+
+				"which works on every database")
 		}
 	default:
 		errs = append(errs, fmt.Sprintf("--relay %q: use poll or log", o.relay))
@@ -232,6 +244,18 @@ const (
 	roleRelay     = "relay"
 	roleConsumers = "consumers"
 )
+
+// dialect is the database --db names: postgres, mysql, or "" for another (SQLite).
+func (o options) dialect() string {
+	scheme, _, _ := strings.Cut(strings.ToLower(o.dbURL), "://")
+	switch scheme {
+	case "postgres", "postgresql":
+		return "postgres"
+	case "mysql":
+		return "mysql"
+	}
+	return ""
+}
 
 // runs reports whether this process runs part.
 func (o options) runs(part string) bool { return o.role == roleAll || o.role == part }
