@@ -18,7 +18,7 @@ SERVICE_ENV = OUTBOXKIT_TEST_POSTGRES_URL='$(PG_URL)' OUTBOXKIT_TEST_AMQP_URL='$
 	OUTBOXKIT_TEST_NATS_URL='$(NATS_URL)' OUTBOXKIT_TEST_REDIS_URL='$(REDIS_URL)' \
 	OUTBOXKIT_TEST_KAFKA_URL='$(KAFKA_URL)' OUTBOXKIT_TEST_MYSQL_URL='$(MYSQL_URL)' OUTBOXKIT_REQUIRE_SERVICES=1
 
-.PHONY: all test test-unit demo bench bench-compare chaos chaos-all chaos-fleet chaos-kafka-txn lint alerts services tools browser tidy
+.PHONY: all test test-unit demo bench bench-compare chaos chaos-all chaos-binlog chaos-fleet chaos-kafka-txn lint alerts services tools browser tidy
 
 all: lint test
 
@@ -65,6 +65,14 @@ bench-compare: services
 ## invariant checker (exit 1 on a violation). CHAOS_ARGS="--store mysql --broker kafka --duration 10m".
 chaos: services
 	$(GO) run ./internal/cmd/chaos $(CHAOS_ARGS)
+
+## chaos-binlog: the soak with the binlog relay (forwarder/mysqlbinlog) in the forwarder processes, on
+## the private MariaDB with the binary log on (scripts/mariadb-binlog.sh, started for the run if it is
+## not running and stopped after it if this run started it): two relay processes of one relay group,
+## one reading the binary log while the other stands by, each SIGKILLed at random and exiting after
+## publishing, before its checkpoint. CHAOS_ARGS="--broker kafka --duration 6m".
+chaos-binlog: services
+	scripts/mariadb-binlog.sh with $(GO) run ./internal/cmd/chaos --store mysql --relay log $(CHAOS_ARGS)
 
 ## chaos-fleet: the relay fleet's soak — three member processes relaying 200 schema tenants and 20
 ## database tenants into RabbitMQ under load, each member killed -9 in turn (FLEET_KILLS times, the

@@ -85,9 +85,29 @@ func TestChaos_WithoutTheInboxTheCheckerFails(t *testing.T) {
 func TestChaos_LogRelayHoldsEveryInvariant(t *testing.T) {
 	out, code := runChaos(t, "--relay", "log", "--db", testenv.PGLogicalURL(t),
 		"--duration", "30s", "--drain", "90s", "--rate", "15", "--crash-after-publish", "5")
+	logRelaySoakHeld(t, out, code, "log relay (table mode)")
+}
+
+// The same short run with the binlog relay (forwarder/mysqlbinlog) on the private MariaDB with the
+// binary log on: the two relay processes are one relay group, one reading the binary log while the
+// other waits for the group's lock; each is killed at random and exits in its 5th second of
+// publishing, after a publish, before the checkpoint that removes the published rows.
+func TestChaos_BinlogRelayHoldsEveryInvariant(t *testing.T) {
+	out, code := runChaos(t, "--store", "mysql", "--relay", "log", "--db", testenv.MySQLBinlogURL(t),
+		"--duration", "30s", "--drain", "90s", "--rate", "15", "--crash-after-publish", "5")
+	logRelaySoakHeld(t, out, code, "binlog relay")
+}
+
+// logRelaySoakHeld fails the test unless the soak ran the relay label names, every invariant held
+// and a relay process exited after publishing at least once.
+func logRelaySoakHeld(t *testing.T, out string, code int, label string) {
+	t.Helper()
 	t.Log("\n" + out)
 	if code != 0 || !regexp.MustCompile(`(?m)^RESULT: every invariant held$`).MatchString(out) {
-		t.Fatalf("the soak with the log relay failed (exit %d)", code)
+		t.Fatalf("the soak with the %s failed (exit %d)", label, code)
+	}
+	if !regexp.MustCompile(`(?m)^failure matrix — .*, ` + regexp.QuoteMeta(label) + `, `).MatchString(out) {
+		t.Fatalf("the failure matrix does not say the soak ran the %s", label)
 	}
 	m := regexp.MustCompile(`(?m)^forwarder pass dies after publish.*?\s{2,}(\d+)\s`).FindStringSubmatch(out)
 	if m == nil {

@@ -70,8 +70,9 @@ func main() {
 	var o options
 	flag.StringVar(&o.store, "store", "postgres", "the database: postgres, mysql or sqlite")
 	flag.StringVar(&o.broker, "broker", "amqp", "the broker: amqp, kafka, nats or redis")
-	flag.StringVar(&o.dbURL, "db", "", "the database server (default: $OUTBOXKIT_TEST_POSTGRES_URL or $OUTBOXKIT_TEST_MYSQL_URL, else the local one); "+
-		"the soak creates a schema (MySQL: a database and a user) of its own in it")
+	flag.StringVar(&o.dbURL, "db", "", "the database server (default: $OUTBOXKIT_TEST_POSTGRES_URL or $OUTBOXKIT_TEST_MYSQL_URL, else the local one; "+
+		"with --relay log, $OUTBOXKIT_TEST_PGLOGICAL_URL or $OUTBOXKIT_TEST_MYSQLBINLOG_URL); the soak creates a schema (MySQL: a database and a user) "+
+		"of its own in it")
 	flag.StringVar(&o.brokerURL, "broker-url", "", "the broker server (default: $OUTBOXKIT_TEST_AMQP_URL, …_NATS_URL, …_REDIS_URL, else the local one); "+
 		"kafka: a broker (kfake) of the soak's own is started")
 	flag.DurationVar(&o.duration, "duration", 2*time.Minute, "how long orders are offered and faults injected")
@@ -79,11 +80,13 @@ func main() {
 	flag.Float64Var(&o.rate, "rate", 20, "orders offered per second")
 	flag.IntVar(&o.relays, "relays", 2, "forwarder processes (with --kafka-txn, 1 unless given: the relays of one transactional id "+
 		"fence each other at every start, so two of them take turns, each exiting fenced as the other restarts — a soak of the fencing)")
-	flag.StringVar(&o.relay, "relay", "poll", "the relay the forwarder processes run: poll (the polling forwarder) or log (forwarder/pglog, "+
-		"reading a logical replication slot: --store postgres on a server with wal_level = logical; default --db $OUTBOXKIT_TEST_PGLOGICAL_URL, "+
-		"see scripts/pg-logical.sh). One log relay reads the slot, the others stand by")
+	flag.StringVar(&o.relay, "relay", "poll", "the relay the forwarder processes run: poll (the polling forwarder) or log: with --store postgres "+
+		"forwarder/pglog, reading a logical replication slot on a server with wal_level = logical (default --db $OUTBOXKIT_TEST_PGLOGICAL_URL, "+
+		"see scripts/pg-logical.sh); with --store mysql forwarder/mysqlbinlog, reading the binary log of a MariaDB or MySQL server that keeps it "+
+		"in ROW format with FULL images (default --db $OUTBOXKIT_TEST_MYSQLBINLOG_URL, see scripts/mariadb-binlog.sh). One log relay reads, "+
+		"the others stand by")
 	flag.StringVar(&o.relayMode, "relay-mode", "table", "with --relay log: table (events are outbox rows, removed once published) or wal "+
-		"(logical decoding messages, no row)")
+		"(logical decoding messages, no row; Postgres only)")
 	flag.IntVar(&o.replicas, "replicas", 2, "processes per consumer, in its group, as a service that must not stop when one of its processes "+
 		"dies would run (Kafka: the soak's broker gives the topic 4 partitions to share); with 1, Billing, made to exit every "+
 		"--crash-after-charge charges, is down for each restart and falls behind the orders")
@@ -93,7 +96,8 @@ func main() {
 	flag.IntVar(&o.cancelPercent, "cancel-percent", 10, "share of orders cancelled once placed (their OrderCancelled must follow their OrderPlaced)")
 	flag.IntVar(&o.poisonPercent, "poison-percent", 2, "share of orders whose event no consumer can decode (each consumer must dead-letter it)")
 	flag.IntVar(&o.crashAfterPublish, "crash-after-publish", 25, "every Nth relay pass dies after publishing, before marking (0: never); "+
-		"with --relay log, which has no passes, a relay process exits at every Nth flush (about one a second), after publishing, before confirming")
+		"with --relay log, which has no passes, a relay process exits after publishing, before confirming: on Postgres at every Nth flush "+
+		"(about one a second), on MySQL in its Nth second of publishing (a checkpoint each)")
 	flag.IntVar(&o.crashAfterCharge, "crash-after-charge", 40, "Billing's process exits after every Nth charge, before its invoice commits (0: never; "+
 		"on Kafka too: its consumers are static members of their groups, so a restart costs no rebalance)")
 	flag.BoolVar(&o.brokerRestart, "broker-restart", false, "amqp: also stop and start the RabbitMQ application (every client of the shared broker sees it)")
@@ -165,17 +169,32 @@ func (o *options) validate() error {
 			errs = append(errs, "--relay-mode goes with --relay log")
 		}
 	case "log":
-		if o.store != "postgres" {
-			errs = append(errs, fmt.Sprintf("--relay log reads Postgres's write-ahead log: it goes with --store postgres, not %s (--relay poll works on every store)", o.store))
-		}
-		if o.relayMode != "table" && o.relayMode != "wal" {
-			errs = append(errs, fmt.Sprintf("--relay-mode %q: use table or wal", o.relayMode))
-		}
-		if o.dbURL == "" && o.store == "postgres" {
-			if o.dbURL = os.Getenv("OUTBOXKIT_TEST_PGLOGICAL_URL"); o.dbURL == "" {
-				errs = append(errs, "--relay log needs a Postgres server with wal_level = logical: start the private one with "+
-					"`scripts/pg-logical.sh start` and pass --db \"$(scripts/pg-logical.sh url)\" (or set OUTBOXKIT_TEST_PGLOGICAL_URL)")
+		switch o.store {
+		case "postgres":
+			if o.relayMode != "table" && o.relayMode != "wal" {
+				errs = append(errs, fmt.Sprintf("--relay-mode %q: use table or wal", o.relayMode))
 			}
+			if o.dbURL == "" {
+				if o.dbURL = os.Getenv("OUTBOXKIT_TEST_PGLOGICAL_URL"); o.dbURL == "" {
+					errs = append(errs, "--relay log needs a Postgres server with wal_level = logical: start the private one with "+
+						"`scripts/pg-logical.sh start` and pass --db \"$(scripts/pg-logical.sh url)\" (or set OUTBOXKIT_TEST_PGLOGICAL_URL)")
+				}
+			}
+		case "mysql":
+			if o.relayMode != "table" {
+				errs = append(errs, fmt.Sprintf("--relay-mode %q: the binlog relay reads outbox rows from the binary log (--relay-mode table); "+
+					"wal is Postgres's", o.relayMode))
+			}
+			if o.dbURL == "" {
+				if o.dbURL = os.Getenv("OUTBOXKIT_TEST_MYSQLBINLOG_URL"); o.dbURL == "" {
+					errs = append(errs, "--relay log with --store mysql needs a MariaDB or MySQL server with the binary log on (ROW format, "+
+						"FULL images): start the private one with `scripts/mariadb-binlog.sh start` and pass --db \"$(scripts/mariadb-binlog.sh url)\" "+
+						"(or set OUTBOXKIT_TEST_MYSQLBINLOG_URL)")
+				}
+			}
+		default:
+			errs = append(errs, fmt.Sprintf("--relay log reads the database's log (Postgres's write-ahead log, the binary log of MySQL): "+
+				"it goes with --store postgres or mysql, not %s (--relay poll works on every store)", o.store))
 		}
 	default:
 		errs = append(errs, fmt.Sprintf("--relay %q: use poll or log", o.relay))
@@ -223,6 +242,8 @@ func (o *options) validate() error {
 // brokerLabel names the broker and the relay as the run's first line and its matrix print them.
 func (o *options) brokerLabel() string {
 	switch {
+	case o.relay == "log" && o.store == "mysql":
+		return o.broker + ", binlog relay"
 	case o.relay == "log":
 		return o.broker + ", log relay (" + o.relayMode + " mode)"
 	case o.kafkaTxn:

@@ -55,7 +55,7 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 		args := []string{"--db", e.dbURL(role), "--broker", e.brokerURL, "--schema", e.run,
 			"--status-every", "0", "--serve", "--orders", "0", "--log-level", "info"}
 		if o.relay == "log" { // every process: in WAL mode the order service's writers emit into the log
-			args = append(args, "--relay", "log", "--relay-mode", o.relayMode)
+			args = append(args, "--relay", "log", "--relay-mode", o.relayMode, "--relay-group", relayGroup)
 		}
 		return args
 	}
@@ -153,8 +153,9 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 	}
 	defer admin.Close()
 	if o.relay == "log" {
-		// In WAL mode the writers refuse until a log relay has made its slot: the load waits for it.
-		if err := e.waitSlot(ctx, admin.SQL, 90*time.Second); err != nil {
+		// In WAL mode the writers refuse until a log relay has made its slot: the load waits for it
+		// (and, on MySQL, for the binlog relay's first checkpoint).
+		if err := e.waitLogRelay(ctx, admin.SQL, 90*time.Second); err != nil {
 			return false, fmt.Errorf("the log relay: %w (see %s)", err, relays[0].log.Name())
 		}
 	}
@@ -238,6 +239,9 @@ func run(ctx context.Context, o options) (ok bool, err error) {
 	report(o, in, procs, relays, consumerProcs, l, v, raw, drained, machineLoad.highest())
 	return v.violations() == 0 && drained && len(in.errors) == 0, nil
 }
+
+// relayGroup is the log relay processes' group: one of them reads, the others stand by.
+const relayGroup = "demo"
 
 func freePort() (int, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -64,7 +64,7 @@ func setUp(ctx context.Context, o options) (*env, error) {
 			return nil, err
 		}
 	}
-	if o.relay == "log" {
+	if o.relay == "log" && o.store == "postgres" {
 		e.cleanups = append(e.cleanups, e.dropSlots) // runs after the schema's drop: cleanups run last first
 	}
 	if err := e.setUpStore(ctx); err != nil {
@@ -113,6 +113,11 @@ func (e *env) setUpStore(ctx context.Context) error {
 			"CREATE USER '" + e.run + "'@'%'", "CREATE USER '" + e.run + "'@'localhost'",
 			"GRANT ALL PRIVILEGES ON `" + e.run + "`.* TO '" + e.run + "'@'%', '" + e.run + "'@'localhost'",
 			"GRANT ALL PRIVILEGES ON `" + e.run + "_gateway`.* TO '" + e.run + "'@'%', '" + e.run + "'@'localhost'",
+		}
+		if e.o.relay == "log" {
+			// The binlog relay reads the binary log as a replica does. (REPLICATION CLIENT is
+			// MariaDB's older name of BINLOG MONITOR, and MySQL's own.)
+			stmts = append(stmts, "GRANT REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '"+e.run+"'@'%', '"+e.run+"'@'localhost'")
 		}
 		if !e.o.keep {
 			e.cleanups = append(e.cleanups, func() {
@@ -336,18 +341,26 @@ func (e *env) terminateSessions(ctx context.Context, db *sql.DB) (int, error) {
 // (outboxkit_<schema>_<group>).
 func (e *env) slotPattern() string { return "outboxkit_" + e.run + "_%" }
 
-// waitSlot waits until a log relay has made its replication slot: in WAL mode the writers refuse
-// before that.
-func (e *env) waitSlot(ctx context.Context, db *sql.DB, within time.Duration) error {
+// waitLogRelay waits until a log relay has started: on Postgres, made its replication slot (in WAL
+// mode the writers refuse before that); on MySQL, recorded its relay group's first checkpoint,
+// which it does once it has passed its checks and read the rows already in the table — a server
+// without the binary log fails here, saying so, rather than in the drain.
+func (e *env) waitLogRelay(ctx context.Context, db *sql.DB, within time.Duration) error {
+	what := "no replication slot " + e.slotPattern()
+	query, arg := `SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1`, e.slotPattern()
+	if e.o.store == "mysql" {
+		what = "no binlog relay checkpoint in `" + e.run + "`.binlog_relays"
+		query, arg = "SELECT count(*) FROM `"+e.run+"`.binlog_relays WHERE name = ?", relayGroup
+	}
 	deadline := time.Now().Add(within)
 	for {
 		var n int
-		err := db.QueryRowContext(ctx, `SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE $1`, e.slotPattern()).Scan(&n)
+		err := db.QueryRowContext(ctx, query, arg).Scan(&n)
 		if err == nil && n > 0 {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("no replication slot %s within %s (last error: %v)", e.slotPattern(), within, err)
+			return fmt.Errorf("%s within %s (last error: %v)", what, within, err)
 		}
 		select {
 		case <-ctx.Done():
