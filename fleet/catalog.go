@@ -73,7 +73,8 @@ func (o Outbox) validate() error {
 	case RelayPoll:
 	case RelayLog:
 		if o.URL != "" && scheme != "postgres" && scheme != "postgresql" {
-			errs = append(errs, fmt.Errorf("field Relay: %q reads Postgres's write-ahead log, and URL is a %s:// URL: use %q",
+			errs = append(errs, fmt.Errorf("field Relay: the fleet's %q relay reads Postgres's write-ahead log, and URL is a %s:// URL: "+
+				"use %q (the binlog relay of a MySQL or MariaDB outbox runs on its own: outboxctl relay --relay log, or forwarder/mysqlbinlog)",
 				RelayLog, scheme, RelayPoll))
 		}
 	default:

@@ -53,7 +53,7 @@ func TestNew_RefusesABadConfigAndSaysWhy(t *testing.T) {
 	for want, c := range map[string]fleet.Config{
 		"cannot coordinate a relay fleet":                 {Coordination: noFleet{}},
 		"appear more than once: a":                        {Catalog: fleet.Outboxes{{Name: "a", URL: "sqlite://a.db"}, {Name: "a", URL: "sqlite://b.db"}}},
-		`outbox "b": field Relay: "log" reads Postgres's`: {Catalog: fleet.Outboxes{{Name: "b", URL: "mysql://h/db", Relay: fleet.RelayLog}}},
+		`outbox "b": field Relay: the fleet's "log" relay reads Postgres's`: {Catalog: fleet.Outboxes{{Name: "b", URL: "mysql://h/db", Relay: fleet.RelayLog}}},
 		`Relay must be "poll" or "log", got "wal"`:        {Catalog: fleet.Outboxes{{Name: "c", URL: "sqlite://c.db", Relay: "wal"}}},
 		"URL is required":                                 {Catalog: fleet.Outboxes{{Name: "d"}}},
 		"Name is required":                                {Catalog: fleet.Outboxes{{URL: "sqlite://e.db"}}},
