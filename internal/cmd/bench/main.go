@@ -2,7 +2,7 @@
 // against the local Postgres and RabbitMQ. Every figure is the median of several repetitions;
 // every comparison is a ratio of two figures measured in the same round.
 //
-//	go run ./internal/cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|idle|console|log|fleet|kafka-txn|all] [--reps 3]
+//	go run ./internal/cmd/bench [--scenario write|drain|e2e|consumer|scale|claim|backends|idle|console|log|binlog|fleet|kafka-txn|all] [--reps 3]
 //	                            [--store postgres|mysql|sqlite] (the drain and write scenarios' store)
 //	                            [--json bench-results/bench.json] [--compare an-earlier-run.json]
 package main
@@ -56,6 +56,9 @@ type config struct {
 	bigTxn   int
 	logParts string
 
+	binlogDBURL, binlogParts string
+	binlogWriters, binlogTxn int
+
 	breakdownModes string
 	breakdownRates []int
 
@@ -74,7 +77,14 @@ func main() {
 	var c config
 	flag.StringVar(&c.logDBURL, "log-db", env("OUTBOXKIT_TEST_PGLOGICAL_URL", "postgres://postgres@127.0.0.1:55432/test?sslmode=disable"),
 		"Postgres with wal_level = logical for --scenario log (scripts/pg-logical.sh start)")
-	flag.DurationVar(&c.logIdle, "log-idle", 10*time.Second, "how long --scenario log measures each relay idle")
+	flag.DurationVar(&c.logIdle, "log-idle", 10*time.Second, "how long --scenario log and --scenario binlog measure each relay idle")
+	flag.StringVar(&c.binlogDBURL, "binlog-db", os.Getenv("OUTBOXKIT_TEST_MYSQLBINLOG_URL"),
+		"MySQL or MariaDB with the binary log on (ROW, FULL images) for --scenario binlog (scripts/mariadb-binlog.sh start; default $OUTBOXKIT_TEST_MYSQLBINLOG_URL)")
+	flag.StringVar(&c.binlogParts, "binlog-parts", "drain,latency", "what --scenario binlog measures, comma-separated: drain (the drain rate preloaded, "+
+		"after a restart and streaming, beside the raw broker and the polling relay; the relay's statements per event and server CPU; its idle cost), "+
+		"latency (COMMIT returned → publish confirmed at 1,000 msg/s, polling and binlog relay, and their statements per event)")
+	flag.IntVar(&c.binlogWriters, "binlog-writers", 4, "writers at once in --scenario binlog's streaming drain")
+	flag.IntVar(&c.binlogTxn, "binlog-txn", 100, "events a transaction of --scenario binlog's streaming writers")
 	flag.StringVar(&c.logParts, "log-parts", "drain,e2e,write", "what --scenario log measures, comma-separated: drain (drain rate, WAL, "+
 		"statements per event, idle cost, a big transaction's RSS), e2e (commit → consumer effect latency, and the highest rate), "+
 		"write (the writers' cost in each mode), breakdown (where the e2e latency goes, stage by stage: not run by default), "+
@@ -167,7 +177,7 @@ func run(ctx context.Context, c config) error {
 	var results []series
 	ran := false
 	for _, sc := range scenarios {
-		if c.scenario != sc.name && (c.scenario != "all" || sc.name == "e2e-max" || sc.name == "console" || sc.name == "log" || sc.name == "fleet" || sc.name == "kafka-txn") { // e2e runs the search too; console builds 10 M rows; fleet, a database
+		if c.scenario != sc.name && (c.scenario != "all" || sc.name == "e2e-max" || sc.name == "console" || sc.name == "log" || sc.name == "binlog" || sc.name == "fleet" || sc.name == "kafka-txn") { // e2e runs the search too; console builds 10 M rows; log and binlog, a server of their own; fleet, a database
 			continue
 		}
 		ran = true
@@ -219,6 +229,7 @@ var scenarios = []struct {
 	{"idle", benchIdle},
 	{"console", benchConsole},
 	{"log", benchLog},
+	{"binlog", benchBinlog},
 	{"fleet", benchFleet},
 	{"kafka-txn", benchKafkaTxn},
 }
