@@ -128,7 +128,10 @@ func (d *dispatcher) flush(ctx context.Context) error {
 	d.takeAhead()
 	r, c := d.s.r, &d.ckpt
 	c.last = time.Now()
-	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	// Not ended with ctx: a statement cancelled would close the connection, and a relay stopping
+	// while it writes a checkpoint would lose its last one (a stop waits for it instead). No row
+	// is published meanwhile.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
 	tx, err := d.s.conn.BeginTx(fctx, nil)
 	if err != nil {
