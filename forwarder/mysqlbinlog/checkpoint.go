@@ -121,16 +121,24 @@ func (c *checkpointState) due(cfg Config, now time.Time) bool {
 
 // flush removes the published rows, records the dead letters and failed attempts, and records
 // the position they are behind, in one transaction on the connection that holds the group's
-// lock: a relay that lost the lock (its connection gone) can write no checkpoint. MySQL has no
-// statement that writes two tables (Postgres's data-modifying WITH): the transaction is what
-// makes the removal and the checkpoint one.
+// lock: a relay that lost the lock (its connection gone) can write no checkpoint, nor one that
+// found it lost (the lock's watchdog). MySQL has no statement that writes two tables (Postgres's
+// data-modifying WITH): the transaction is what makes the removal and the checkpoint one.
 func (d *dispatcher) flush(ctx context.Context) error {
 	d.takeAhead()
-	r, c := d.s.r, &d.ckpt
+	r, c, l := d.s.r, &d.ckpt, d.s.lock
+	l.use.Lock()
+	defer l.use.Unlock()
+	if err := l.lostErr(); err != nil {
+		return err
+	}
 	c.last = time.Now()
-	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	// Not ended with ctx: a statement cancelled would close the connection, and a relay stopping
+	// while it writes a checkpoint would lose its last one (a stop waits for it instead). No row
+	// is published meanwhile.
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
 	defer cancel()
-	tx, err := d.s.conn.BeginTx(fctx, nil)
+	tx, err := l.conn.BeginTx(fctx, nil)
 	if err != nil {
 		return fmt.Errorf("remove published outbox rows and record the checkpoint: %w", err)
 	}
@@ -165,9 +173,11 @@ func (d *dispatcher) flush(ctx context.Context) error {
 	if err := r.writeCheckpoint(fctx, tx, d.s.settings, progress, p, c.backfilled); err != nil {
 		return err
 	}
+	committing := time.Now()
 	if err := tx.Commit(); err != nil {
 		return fmt.Errorf("remove published outbox rows and record the checkpoint: %w", err)
 	}
+	l.held(committing)
 	r.hooks.flushes.Add(1)
 	r.log.Trace("Binlog relay checkpoint", r.fields.Add(watermill.LogFields{"position": p.String(), "removed": len(c.del), "dead_lettered": len(c.dead)}))
 	c.del, c.dead, c.dirty, c.written.backfilled = c.del[:0], nil, false, c.backfilled

@@ -91,6 +91,11 @@ func (d *dispatcher) run(ctx context.Context) error {
 		pausesChanged := sr.PausesChanged()
 		batch, wakeAt := d.eligible(now)
 		if len(batch) > 0 {
+			// No round unless the lock is known held: the server may give it to another relay
+			// once it has not heard from this one for the lease.
+			if err := d.s.lock.fresh(); err != nil {
+				return err
+			}
 			d.publish(ctx, batch, now)
 			d.advance()
 			if d.flushDue() {

@@ -21,7 +21,8 @@ type session struct {
 	r        *Relay
 	fwd      *forwarder.SourceRelay
 	db       *sql.DB
-	conn     *sql.Conn // holds the group's lock, and writes the checkpoints
+	conn     *sql.Conn  // holds the group's lock, and writes the checkpoints
+	lock     *groupLock // conn once the session publishes: its uses, and the lock's watchdog
 	settings settings
 	gtid     bool     // progress tracked by GTIDs
 	from     position // where the log is read from: the checkpoint
@@ -52,22 +53,8 @@ func (r *Relay) session(ctx context.Context, db *sql.DB, st settings, sr *forwar
 		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
 		_ = conn.Close()
 	}()
-	waiting := false
-	for {
-		err := r.lock(ctx, conn)
-		if err == nil {
-			break
-		}
-		if ctx.Err() != nil {
-			return nil
-		}
-		if !errors.Is(err, errLockHeld) {
-			return err
-		}
-		if !waiting {
-			r.log.Info("Another relay of the group reads the binary log: waiting for it", r.fields.Add(watermill.LogFields{"lock": r.lockName}))
-			waiting = true
-		}
+	if err := r.takeLock(ctx, conn); err != nil || ctx.Err() != nil {
+		return err
 	}
 	if checked, err := r.checkReplicas(ctx, db, st); err != nil {
 		return err
@@ -82,6 +69,13 @@ func (r *Relay) session(ctx context.Context, db *sql.DB, st settings, sr *forwar
 		return err
 	}
 
+	// From here on the session publishes: ctx, from here on, also ends once the lock's watchdog
+	// finds the lock lost.
+	ctx, stopWatching, err := s.watchLock(ctx)
+	defer stopWatching()
+	if err != nil {
+		return err
+	}
 	// The reader feeds the dispatcher; it stops with rctx, which ends with ctx or when the
 	// dispatcher fails.
 	rctx, stopReading := context.WithCancel(ctx)

@@ -17,6 +17,7 @@ type Proxy struct {
 	mu     sync.Mutex
 	cut    bool
 	frozen chan struct{}     // non-nil while frozen; closed by Thaw
+	vanish bool              // frozen by Vanish: closes are held back too
 	conns  map[net.Conn]bool // true for the clients' ends
 	wg     sync.WaitGroup
 
@@ -67,7 +68,7 @@ func (p *Proxy) Open() int {
 func (p *Proxy) Cut() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.cut = true
+	p.cut, p.vanish = true, false
 	if p.frozen != nil {
 		close(p.frozen)
 		p.frozen = nil
@@ -87,10 +88,23 @@ func (p *Proxy) Freeze() {
 	}
 }
 
+// Vanish freezes the connections as a host that vanished does: no byte is forwarded, and no
+// close either — a peer that closes its end leaves the other end open and silent — until Thaw
+// (or Cut).
+func (p *Proxy) Vanish() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.frozen == nil {
+		p.frozen = make(chan struct{})
+	}
+	p.vanish = true
+}
+
 // Thaw forwards again what was held back.
 func (p *Proxy) Thaw() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.vanish = false
 	if p.frozen != nil {
 		close(p.frozen)
 		p.frozen = nil
@@ -100,6 +114,16 @@ func (p *Proxy) Thaw() {
 func (p *Proxy) gate() <-chan struct{} {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.frozen
+}
+
+// closeGate is what a close waits for: Thaw, while vanished.
+func (p *Proxy) closeGate() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !p.vanish {
+		return nil
+	}
 	return p.frozen
 }
 
@@ -161,6 +185,9 @@ func (p *Proxy) pipe(dst, src net.Conn) {
 		if err != nil {
 			break
 		}
+	}
+	if g := p.closeGate(); g != nil {
+		<-g
 	}
 	_ = dst.Close()
 	_ = src.Close()
