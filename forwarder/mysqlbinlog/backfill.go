@@ -12,9 +12,10 @@ import (
 // backfillPage is how many rows one read of the table takes.
 const backfillPage = 1000
 
-// readTable reads the rows waiting in the outbox when a relay group starts for the first time
-// (or starts again before that first reading was published): the log it reads from holds no
-// earlier rows for it. Pages are read in seq order, each in a short read-committed transaction
+// readTable reads the rows waiting in the outbox when a relay group starts for the first time,
+// or recovers from a checkpoint the server cannot send the log from (recoverFromTable), or
+// starts again before that reading was published: the log it reads from holds no earlier rows
+// for it. Pages are read in seq order, each in a short read-committed transaction
 // with a locking read, which waits for writers whose commit is in the binary log but not yet
 // visible: so every row committed before the position the group started from is in a page, or —
 // committed after it — in the log. A row in both is published twice, never lost.

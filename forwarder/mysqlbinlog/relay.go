@@ -25,6 +25,22 @@
 // relay group reads the rows already waiting in the table, then the log from where it ended
 // when it started.
 //
+// When the server cannot send the log from the checkpoint (error 1236: the binary logs holding
+// it were purged — expired, or PURGE BINARY LOGS — while the relay was down; or the server is
+// another one than the checkpoint's, after a failover or a restore, and lacks its GTIDs or its
+// file), the relay recovers as a first start does, and logs the lost position (at WARN
+// where the logger has the level, else ERROR). It removes rows only once they are published, so
+// the rows left in the outbox, not dead-lettered, are exactly the ones it may not have published:
+// it records the log's end as its checkpoint, reads those rows, then the log from that end.
+// Nothing is lost; the rows published since the last checkpoint are published again; a row
+// backing off keeps its attempts; dead letters stay, and one replayed meanwhile waits in the
+// table and goes. Only a refusal that no recovery fixes — the server refusing its own end, or
+// again the position a recovery started from — stops Run. Where progress is tracked by file and
+// position, a failover to a server whose binary logs hold a file of the checkpoint's name is not
+// seen: the relay reads that file from the checkpoint's position, which means another place
+// there; track progress by GTIDs where the server has them, or delete the checkpoint row after
+// such a failover (the relay then starts as a group's first start does).
+//
 // A row that fails backs off, its key's later rows behind it, and its attempt is recorded in the
 // outbox as the polling relay records it (attempts, last_error, next_attempt_at); at
 // MaxAttempts, or when the failure is permanent, it is dead-lettered there, in the checkpoint's
@@ -93,6 +109,9 @@ type Relay struct {
 	// replicasUnchecked: the user may not list the server's replicas, which was logged once.
 	replicasUnchecked atomic.Bool
 	hooks             hooks
+	// recovered is the position this Run's last recovery recorded, nil for none (Run's goroutine
+	// only): refused again before the checkpoint moved, it is a fault no recovery fixes.
+	recovered *position
 
 	mu      sync.Mutex
 	reading chan struct{} // closed when the relay starts reading the log; replaced when it stops
@@ -106,6 +125,11 @@ type hooks struct {
 	crash bool
 	// flushes counts the checkpoints written.
 	flushes atomic.Int64
+	// recoveries counts the recoveries from a checkpoint the server could not send the log from
+	// (recoverFromTable); the log line of each says how many so far.
+	recoveries atomic.Int64
+	// refuseLog makes every reading of the log fail as the server's refusal to send it (1236).
+	refuseLog bool
 }
 
 // New validates cfg and builds a Relay. It does not touch the database.
@@ -243,10 +267,12 @@ func (r *Relay) setActive(on bool) {
 // work there: the binary log off, binlog_format not ROW, binlog_row_image not FULL, a user
 // without the privileges to read the log, a ServerID that is the server's own or another
 // replica's, the outbox not migrated; and later, a row event without the outbox's columns, or a
-// checkpoint the server's binary logs no longer hold. Lost connections and broker outages never
-// end it: it reconnects with the forwarder's CircuitBackoff and reads again from its last
-// checkpoint (rows published since are published again: a duplicate, never a loss). While
-// another relay of its group reads the log, it waits.
+// binary log the server refuses to send even from where a recovery started (a checkpoint the
+// server's binary logs no longer hold is recovered from, see the package doc). Lost
+// connections, a server restarting and broker outages never end it: it reconnects with the
+// forwarder's CircuitBackoff and reads again from its last checkpoint (rows published since are
+// published again: a duplicate, never a loss). While another relay of its group reads the log,
+// it waits.
 //
 // It runs through its Forwarder's RunSource, which reads the pauses and reports the relay (the
 // console lists it) every HeartbeatInterval from the start; so it may not run at once with the
@@ -263,6 +289,7 @@ func (r *Relay) Relay(ctx context.Context, sr *forwarder.SourceRelay) error {
 		return errors.New("mysqlbinlog: Run is already running on this Relay; create another Relay for a second relay of the group")
 	}
 	defer r.running.Store(false)
+	r.recovered = nil
 	if sr.Transactions() != nil {
 		return fmt.Errorf("binlog relay %s: the forwarder's publisher is transactional, which the binlog relay does not support yet: "+
 			"use the polling relay (forwarder.Run) with it, or a publisher without transactions", r.fcfg.Name)
@@ -301,6 +328,8 @@ func (r *Relay) Relay(ctx context.Context, sr *forwarder.SourceRelay) error {
 		switch {
 		case err == nil:
 			failures, wait = 0, r.fcfg.CircuitBackoff.Delay(1) // the stream ended without an error: read on
+		case errors.Is(err, errRecovered):
+			failures, wait = 0, r.fcfg.CircuitBackoff.Delay(1) // read the rows left in the outbox, then the log from its end
 		case isFatal(err):
 			return fmt.Errorf("binlog relay %s: %w", r.fcfg.Name, err)
 		default:

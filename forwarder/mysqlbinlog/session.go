@@ -26,8 +26,9 @@ type session struct {
 	settings settings
 	gtid     bool     // progress tracked by GTIDs
 	from     position // where the log is read from: the checkpoint
-	// backfilled is false until the first start's reading of the table has published every row
-	// it found: a session that starts with it false reads the table first.
+	// backfilled is false until the first start's reading of the table (or a recovery's, see
+	// recoverFromTable) has published every row it found: a session that starts with it false
+	// reads the table first.
 	backfilled bool
 	in         chan item
 
@@ -101,6 +102,9 @@ func (r *Relay) session(ctx context.Context, db *sql.DB, st settings, sr *forwar
 	if readErr != nil && ctx.Err() == nil && (err == nil || errors.Is(err, errReaderStopped)) {
 		err = readErr
 	}
+	if gone := (logGoneError{}); errors.As(err, &gone) && ctx.Err() == nil {
+		return s.recoverFromTable(ctx, gone)
+	}
 	return err
 }
 
@@ -113,10 +117,7 @@ func (s *session) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	progress := "file"
-	if s.gtid {
-		progress = "gtid"
-	}
+	progress := s.progress()
 	switch {
 	case !cp.exists:
 		p, err := r.currentPosition(ctx, s.db, s.settings, s.gtid)

@@ -91,6 +91,9 @@ func (s *session) readLog(ctx context.Context) error {
 		streamer *replication.BinlogStreamer
 		err      error
 	)
+	if r.hooks.refuseLog {
+		return logGoneError{from: s.from, err: errors.New("the test refuses the binary log")}
+	}
 	if s.gtid {
 		set, perr := s.from.gtidSet(s.settings.flavor)
 		if perr != nil {
@@ -122,8 +125,9 @@ func (s *session) readLog(ctx context.Context) error {
 	return nil
 }
 
-// streamError says what a failure of the stream means: a missing privilege and a position the
-// server's binary logs no longer hold are fatal; anything else is read again from the checkpoint.
+// streamError says what a failure of the stream means: a missing privilege is fatal; a position
+// the server cannot send the log from is recovered from the table (recoverFromTable); anything
+// else is read again from the checkpoint.
 func (s *session) streamError(err error) error {
 	switch errorNumber(err) {
 	case errAccessDenied, errUserAccessDenied:
@@ -131,12 +135,7 @@ func (s *session) streamError(err error) error {
 		// connections.)
 		return s.r.deniedReading(s.settings, err)
 	case errMasterFatalReadingLog:
-		return fatal("the server cannot send the binary log from the relay's checkpoint (%s): %v. "+
-			"The binary logs holding it are purged, or the server is another one than the checkpoint's "+
-			"(a failover without GTIDs). The rows left in the outbox are the ones the relay may not have published; "+
-			"recovering from the table is not implemented yet: publish them with the polling relay (forwarder.Run) "+
-			"until the outbox is empty, then delete the relay's checkpoint row (DELETE FROM `%s`.binlog_relays WHERE name = '%s') "+
-			"and start the relay again", s.from, err, s.r.database, s.r.fcfg.Name)
+		return logGoneError{from: s.from, err: err}
 	}
 	return fmt.Errorf("read the binary log: %w", err)
 }

@@ -3,7 +3,8 @@
 -- (MariaDB's domain-server-seq per domain, or MySQL's uuid:intervals; '' is the start of the
 -- binary log), or 'file', by file and pos. file and pos are where the last transaction behind the
 -- checkpoint ends in the binary log (with 'gtid', for an operator's eyes). backfilled is 0 until
--- the first start's reading of the table has published every row it found.
+-- the first start's reading of the table has published every row it found — and again from a
+-- recovery (the server could not send the log from the checkpoint) until its reading has.
 CREATE TABLE IF NOT EXISTS {{schema}}.binlog_relays (
     name       VARCHAR(255)    NOT NULL,
     flavor     VARCHAR(16)     NOT NULL,
