@@ -191,7 +191,7 @@ func run(ctx context.Context, o options) (err error) {
 			}
 			runRelay, reading = lr.Run, lr.Reading()
 			if o.crashAfterPublish > 0 {
-				faulty.crashAfterSeconds(mysqlbinlog.DefaultFlushInterval)
+				faults.InjectBeforeConfirm(lr, faulty.beforeConfirm)
 			}
 		case o.relay == relayLog:
 			pool, err := pgxpool.New(ctx, o.dbURL)

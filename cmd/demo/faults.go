@@ -5,9 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 
@@ -21,55 +19,13 @@ type faultyPublisher struct {
 	crashEvery int64 // --crash-after-publish: every Nth pass that publishes dies before marking
 	calls      atomic.Int64
 	passes     atomic.Int64
-
-	// With the binlog relay (crashAfterSeconds): the length of one second of publishing (the
-	// relay's flush interval), and the seconds this process has published in so far.
-	second  time.Duration
-	mu      sync.Mutex
-	started time.Time
-	seconds int64 // seconds since started in which a publish happened
-	last    int64 // the last of them, counted from started
 }
 
 func (p *faultyPublisher) Publish(topic string, msgs ...*message.Message) error {
 	if p.failEvery > 0 && p.calls.Add(1)%p.failEvery == 0 {
 		return fmt.Errorf("refused by --fail-publish-every %d", p.failEvery)
 	}
-	if err := p.Publisher.Publish(topic, msgs...); err != nil {
-		return err
-	}
-	if p.second > 0 {
-		p.afterBinlogPublish()
-	}
-	return nil
-}
-
-// crashAfterSeconds makes --crash-after-publish N exit the process in its Nth second of
-// publishing (each second one interval, the binlog relay's flush interval), right after a publish
-// the broker confirmed: the relay's checkpoint, which removes the published rows and records the
-// position behind them, has not covered it yet. The group's standby takes over from the last
-// checkpoint and publishes that second's rows again. The binlog relay exposes no flush to hook, as
-// the Postgres log relay does (beforeConfirm); a second of publishing is a flush's worth: every one
-// writes a checkpoint. (Seconds rather than messages, for the reason beforeConfirm counts flushes:
-// a process that died after N messages would die before its first checkpoint every time once the
-// backlog behind the checkpoint outgrew N.)
-func (p *faultyPublisher) crashAfterSeconds(interval time.Duration) { p.second = interval }
-
-func (p *faultyPublisher) afterBinlogPublish() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	now := time.Now()
-	if p.started.IsZero() {
-		p.started = now
-	}
-	if s := int64(now.Sub(p.started) / p.second); p.seconds == 0 || s != p.last {
-		p.seconds, p.last = p.seconds+1, s
-		if p.seconds%p.crashEvery == 0 {
-			fmt.Fprintf(os.Stderr, "demo: fault: binlog relay exits in its second %d of publishing, after publishing, before its checkpoint (--crash-after-publish %d)\n",
-				p.seconds, p.crashEvery)
-			os.Exit(3)
-		}
-	}
+	return p.Publisher.Publish(topic, msgs...)
 }
 
 // Check is the broker publisher's own, so that the relay watches the broker through this wrapper
@@ -112,8 +68,9 @@ func (p *faultyPublisher) afterPublish() error {
 
 // beforeConfirm runs in each flush of the log relay (--relay log, which has no passes) that has
 // something to do, after publishing, before the published rows are removed and their position
-// confirmed. On every Nth the process exits there, as a crash would: the group's standby takes the
-// slot over and publishes again from the confirmed position. (Every Nth flush rather than every
+// confirmed (the slot's on Postgres, the checkpoint's on MySQL). On every Nth the process exits
+// there, as a crash would: the group's standby takes over and publishes again from the confirmed
+// position. (Every Nth flush rather than every
 // Nth message: after a takeover the backlog behind the confirmed position is published in a
 // burst, and a process that died after N messages would die before its first flush every time
 // once that backlog outgrew N, with no relay ever confirming anything.)

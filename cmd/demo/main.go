@@ -117,8 +117,8 @@ func main() {
 	flag.Int64Var(&o.failPublishEvery, "fail-publish-every", 0, "refuse every Nth publish: the forwarder backs off and retries it")
 	flag.Int64Var(&o.crashAfterPublish, "crash-after-publish", 0, "make every Nth relay pass die after publishing, before marking: "+
 		"the rows are published again and every inbox absorbs the duplicates; with --relay log, which has no passes, the process exits "+
-		"after publishing, before the relay confirms what it published — on Postgres at every Nth flush, on MySQL in its Nth second of publishing "+
-		"(a checkpoint each) — and the group's standby takes over and publishes it again")
+		"after publishing, before the relay confirms what it published, at every Nth flush that removes published rows "+
+		"(the slot's confirmation on Postgres, the checkpoint on MySQL), and the group's standby takes over and publishes it again")
 	flag.Int64Var(&o.poisonEvery, "poison-every", 0, "give every Nth order's event a payload no consumer can decode: each consumer dead-letters it")
 	flag.StringVar(&o.poisonCustomer, "poison-customer", "", "give the events of this customer's orders a payload no consumer can decode: each consumer dead-letters them")
 	flag.Int64Var(&o.consumerCrash, "consumer-crash-every", 0, "make Billing fail before commit on every Nth message: it is rolled back and redelivered")

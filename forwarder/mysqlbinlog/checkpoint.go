@@ -132,6 +132,11 @@ func (d *dispatcher) flush(ctx context.Context) error {
 	if err := l.lostErr(); err != nil {
 		return err
 	}
+	if r.hooks.beforeCheckpoint != nil && len(c.del) > 0 {
+		if err := r.hooks.beforeCheckpoint(); err != nil {
+			return err
+		}
+	}
 	c.last = time.Now()
 	// Not ended with ctx: a statement cancelled would close the connection, and a relay stopping
 	// while it writes a checkpoint would lose its last one (a stop waits for it instead). No row

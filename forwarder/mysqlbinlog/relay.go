@@ -86,6 +86,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill"
 
 	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/internal/faults"
 	"github.com/outboxkit/outboxkit/store/mysqlstore"
 )
 
@@ -130,6 +131,19 @@ type hooks struct {
 	recoveries atomic.Int64
 	// refuseLog makes every reading of the log fail as the server's refusal to send it (1236).
 	refuseLog bool
+	// beforeCheckpoint runs in each checkpoint that removes published rows, before it writes
+	// anything (faults.InjectBeforeConfirm); an error fails the checkpoint there.
+	beforeCheckpoint func() error
+}
+
+func init() {
+	faults.RegisterBeforeConfirm(func(r any, fn func() error) bool {
+		br, ok := r.(*Relay)
+		if ok {
+			br.hooks.beforeCheckpoint = fn
+		}
+		return ok
+	})
 }
 
 // New validates cfg and builds a Relay. It does not touch the database.

@@ -99,7 +99,13 @@ type hooks struct {
 }
 
 func init() {
-	faults.InjectBeforeConfirm = func(r any, fn func() error) { r.(*Relay).hooks.beforeConfirm = fn }
+	faults.RegisterBeforeConfirm(func(r any, fn func() error) bool {
+		lr, ok := r.(*Relay)
+		if ok {
+			lr.hooks.beforeConfirm = fn
+		}
+		return ok
+	})
 }
 
 // New validates cfg and builds a Relay. It does not touch the database.

@@ -2,6 +2,8 @@
 // pass. It is internal: applications cannot reach it.
 package faults
 
+import "fmt"
+
 // Point is where in a forwarder's pass a fault is injected.
 type Point int
 
@@ -19,8 +21,26 @@ const (
 // fn aborts the pass there. The forwarder package sets it.
 var Inject func(f any, point Point, fn func() error)
 
-// InjectBeforeConfirm makes log relay r (a *pglog.Relay) call fn in every flush that has something
-// to do — after publishing, before the published rows are removed and their position confirmed —
-// and an error from fn fails the flush there, as a crash would (nothing is removed or confirmed).
-// The pglog package sets it.
-var InjectBeforeConfirm func(r any, fn func() error)
+// confirmSetters are the log relays' packages' own: each sets fn on a relay of its type and
+// reports whether r was one.
+var confirmSetters []func(r any, fn func() error) bool
+
+// RegisterBeforeConfirm is called by a log relay's package (forwarder/pglog, forwarder/mysqlbinlog)
+// at init: set puts fn in place on r when r is that package's relay, and reports whether it was.
+func RegisterBeforeConfirm(set func(r any, fn func() error) bool) {
+	confirmSetters = append(confirmSetters, set)
+}
+
+// InjectBeforeConfirm makes log relay r (a *pglog.Relay or a *mysqlbinlog.Relay) call fn in every
+// flush that has something to do — after publishing, before the published rows are removed and
+// their position confirmed (the slot's, or the binlog relay's checkpoint) — and an error from fn
+// fails the flush there, as a crash would (nothing is removed or confirmed). It panics on r of
+// another type: a test's mistake.
+func InjectBeforeConfirm(r any, fn func() error) {
+	for _, set := range confirmSetters {
+		if set(r, fn) {
+			return
+		}
+	}
+	panic(fmt.Sprintf("faults.InjectBeforeConfirm: %T is not a log relay (of a package imported here)", r))
+}

@@ -96,8 +96,8 @@ func main() {
 	flag.IntVar(&o.cancelPercent, "cancel-percent", 10, "share of orders cancelled once placed (their OrderCancelled must follow their OrderPlaced)")
 	flag.IntVar(&o.poisonPercent, "poison-percent", 2, "share of orders whose event no consumer can decode (each consumer must dead-letter it)")
 	flag.IntVar(&o.crashAfterPublish, "crash-after-publish", 25, "every Nth relay pass dies after publishing, before marking (0: never); "+
-		"with --relay log, which has no passes, a relay process exits after publishing, before confirming: on Postgres at every Nth flush "+
-		"(about one a second), on MySQL in its Nth second of publishing (a checkpoint each)")
+		"with --relay log, which has no passes, a relay process exits after publishing, before confirming, at every Nth flush "+
+		"that removes published rows (about one a second)")
 	flag.IntVar(&o.crashAfterCharge, "crash-after-charge", 40, "Billing's process exits after every Nth charge, before its invoice commits (0: never; "+
 		"on Kafka too: its consumers are static members of their groups, so a restart costs no rebalance)")
 	flag.BoolVar(&o.brokerRestart, "broker-restart", false, "amqp: also stop and start the RabbitMQ application (every client of the shared broker sees it)")
