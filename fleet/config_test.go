@@ -51,15 +51,15 @@ func TestNew_RefusesABadConfigAndSaysWhy(t *testing.T) {
 		}
 	}
 	for want, c := range map[string]fleet.Config{
-		"cannot coordinate a relay fleet":                 {Coordination: noFleet{}},
-		"appear more than once: a":                        {Catalog: fleet.Outboxes{{Name: "a", URL: "sqlite://a.db"}, {Name: "a", URL: "sqlite://b.db"}}},
+		"cannot coordinate a relay fleet":                                   {Coordination: noFleet{}},
+		"appear more than once: a":                                          {Catalog: fleet.Outboxes{{Name: "a", URL: "sqlite://a.db"}, {Name: "a", URL: "sqlite://b.db"}}},
 		`outbox "b": field Relay: the fleet's "log" relay reads Postgres's`: {Catalog: fleet.Outboxes{{Name: "b", URL: "mysql://h/db", Relay: fleet.RelayLog}}},
-		`Relay must be "poll" or "log", got "wal"`:        {Catalog: fleet.Outboxes{{Name: "c", URL: "sqlite://c.db", Relay: "wal"}}},
-		"URL is required":                                 {Catalog: fleet.Outboxes{{Name: "d"}}},
-		"Name is required":                                {Catalog: fleet.Outboxes{{URL: "sqlite://e.db"}}},
-		"StopBefore (10s) must be less than LeaseTTL":     {LeaseTTL: 10 * time.Second, StopBefore: 10 * time.Second},
-		"RenewInterval (5s) must be at most":              {RenewInterval: 5 * time.Second},
-		"Tick must be positive":                           {Tick: -time.Second},
+		`Relay must be "poll" or "log", got "wal"`:                          {Catalog: fleet.Outboxes{{Name: "c", URL: "sqlite://c.db", Relay: "wal"}}},
+		"URL is required":                                                   {Catalog: fleet.Outboxes{{Name: "d"}}},
+		"Name is required":                                                  {Catalog: fleet.Outboxes{{URL: "sqlite://e.db"}}},
+		"StopBefore (10s) must be less than LeaseTTL":                       {LeaseTTL: 10 * time.Second, StopBefore: 10 * time.Second},
+		"RenewInterval (5s) must be at most":                                {RenewInterval: 5 * time.Second},
+		"Tick must be positive":                                             {Tick: -time.Second},
 		"Forwarder.Store, Forwarder.Publisher and Forwarder.Name are set for each outbox": {Forwarder: forwarder.Config{Name: "x"}},
 		"field Forwarder: forwarder config: BatchSize must be at least 1":                 {Forwarder: forwarder.Config{BatchSize: -1}},
 		"IdlePollInterval must be 0 (off) or at least PollInterval":                       {Forwarder: forwarder.Config{PollInterval: time.Second, IdlePollInterval: time.Millisecond}},
