@@ -36,8 +36,8 @@ type BinlogStatus struct {
 	// to the server.
 	Paused bool
 	// LagBytes is the binary log the server has written since the checkpoint: the rest of the
-	// checkpoint's file and every later file. It never falls to 0 for long: the checkpoint's own
-	// write follows it. -1 when unknown: before the first checkpoint, when Purged, or when the
+	// checkpoint's file and every later file. It is never quite 0: the checkpoint's own write
+	// follows it. -1 when unknown: before the first checkpoint, when Purged, or when the
 	// binary logs could not be listed (LogError says why).
 	LagBytes int64
 	// Purged is set when the checkpoint's file is no longer among the server's binary logs
