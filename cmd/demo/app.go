@@ -189,6 +189,7 @@ func run(ctx context.Context, o options) (err error) {
 			if err != nil {
 				return err
 			}
+			reg.MustRegister(prom.NewBinlogCollector(lr))
 			runRelay, reading = lr.Run, lr.Reading()
 			if o.crashAfterPublish > 0 {
 				faults.InjectBeforeConfirm(lr, faulty.beforeConfirm)

@@ -18,6 +18,7 @@ import (
 	"github.com/outboxkit/outboxkit/backends"
 	_ "github.com/outboxkit/outboxkit/backends/allbackends" // every broker URL
 	"github.com/outboxkit/outboxkit/forwarder"
+	"github.com/outboxkit/outboxkit/forwarder/mysqlbinlog"
 	"github.com/outboxkit/outboxkit/forwarder/pglog"
 	"github.com/outboxkit/outboxkit/middleware"
 	"github.com/outboxkit/outboxkit/pipeline"
@@ -111,6 +112,28 @@ type Status struct {
 	// LogRelays are the replication slots of the log relays (forwarder/pglog) that ran on this
 	// outbox, on Postgres.
 	LogRelays []forwarder.SlotStatus `json:"log_relays,omitempty"`
+	// BinlogRelays are the binlog relay groups (forwarder/mysqlbinlog) that ran on this outbox, on
+	// MySQL or MariaDB.
+	BinlogRelays []BinlogRelay `json:"binlog_relays,omitempty"`
+}
+
+// BinlogRelay is a binlog relay group: its checkpoint, whether a relay of it reads the binary log
+// (holds the group's lock), and the binary log written since the checkpoint. LagBytes is absent
+// when unknown: before the first checkpoint, when Purged, or with LogError (most often a user
+// without BINLOG MONITOR, REPLICATION CLIENT on MySQL, which it names).
+type BinlogRelay struct {
+	Relay                string    `json:"relay"`
+	Progress             string    `json:"progress"` // "gtid" or "file"
+	Position             string    `json:"position"` // the GTID set, or file:pos
+	File                 string    `json:"file"`
+	Pos                  uint64    `json:"pos"`
+	CheckpointAt         time.Time `json:"checkpoint_at"`
+	CheckpointAgeSeconds float64   `json:"checkpoint_age_seconds"`
+	Active               bool      `json:"active"`
+	Paused               bool      `json:"paused"`
+	LagBytes             *int64    `json:"lag_bytes,omitempty"`
+	Purged               bool      `json:"purged"`
+	LogError             string    `json:"log_error,omitempty"`
 }
 
 // ConsumerLag is one consumer group's backlog in the broker. Unacked and OldestAgeSeconds are
@@ -184,6 +207,9 @@ func (e *env) status(ctx context.Context, args []string) error {
 	if st.LogRelays, err = e.logRelays(ctx, db.Info().Schema); err != nil {
 		return err
 	}
+	if st.BinlogRelays, err = binlogRelays(ctx, db); err != nil {
+		return err
+	}
 	if *asJSON {
 		return json.NewEncoder(e.stdout).Encode(st)
 	}
@@ -212,6 +238,9 @@ func (e *env) status(ctx context.Context, args []string) error {
 		if err := tw.Flush(); err != nil {
 			return err
 		}
+	}
+	if err := printBinlogRelays(e.stdout, st.BinlogRelays); err != nil {
+		return err
 	}
 	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
 	if st.Brokers == nil {
@@ -251,6 +280,65 @@ func (e *env) logRelays(ctx context.Context, schema string) ([]forwarder.SlotSta
 	}
 	defer pool.Close()
 	return pglog.ReadSlots(ctx, pool, schema)
+}
+
+// binlogRelays reads the binlog relay groups of a MySQL or MariaDB outbox; other databases have
+// none.
+func binlogRelays(ctx context.Context, db *store.DB) ([]BinlogRelay, error) {
+	if db.Dialect != "mysql" {
+		return nil, nil
+	}
+	groups, err := mysqlbinlog.ReadStatus(ctx, db.SQL, db.Info().Schema)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]BinlogRelay, len(groups))
+	for i, g := range groups {
+		out[i] = BinlogRelay{Relay: g.Relay, Progress: g.Progress, Position: g.Position, File: g.File, Pos: g.Pos,
+			CheckpointAt: g.CheckpointAt, CheckpointAgeSeconds: g.CheckpointAge.Seconds(), Active: g.Active, Paused: g.Paused,
+			Purged: g.Purged, LogError: g.LogError}
+		if g.LagBytes >= 0 {
+			out[i].LagBytes = &g.LagBytes
+		}
+	}
+	return out, nil
+}
+
+// printBinlogRelays prints the binlog relay groups, one line each, and why the lag is unknown
+// when it is.
+func printBinlogRelays(w io.Writer, groups []BinlogRelay) error {
+	if len(groups) == 0 {
+		return nil
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "BINLOG RELAY\tPROGRESS\tPOSITION\tREADER\tCHECKPOINT\tLAG")
+	var logErr string
+	for _, g := range groups {
+		reader, lag := "none", "?"
+		if g.Active {
+			reader = "reading"
+		}
+		if g.Paused {
+			reader += " (PAUSED: publishes nothing, lag grows)"
+		}
+		switch {
+		case g.Purged:
+			lag = "PURGED: its binary log file is gone, the next start recovers from the table"
+		case g.LagBytes != nil:
+			lag = bytesText(*g.LagBytes)
+		case g.LogError != "":
+			logErr = g.LogError
+		}
+		age := (time.Duration(g.CheckpointAgeSeconds * float64(time.Second))).Round(time.Second)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s ago\t%s\n", g.Relay, g.Progress, g.Position, reader, age, lag)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if logErr != "" {
+		fmt.Fprintf(w, "binlog relays' lag unknown: %s\n", logErr)
+	}
+	return nil
 }
 
 func bytesText(n int64) string {

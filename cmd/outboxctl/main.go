@@ -30,7 +30,8 @@ Commands:
   migrate                       create or upgrade the tables
   status [--json] [--broker URL --topic T]
                                 outbox backlog and dead letters; per consumer: processed, duplicates, dead letters,
-                                and with --broker its backlog in the broker (waiting, unacked, oldest)
+                                and with --broker its backlog in the broker (waiting, unacked, oldest); per log relay
+                                group its slot (Postgres) or its checkpoint, reader and binary log lag (MySQL, MariaDB)
   outbox dead list [filters]    dead-lettered outbox rows
   outbox dead show SEQ          one dead-lettered outbox row, payload included
   outbox dead replay [filters]  put dead-lettered rows back in line (--dry-run lists them only)

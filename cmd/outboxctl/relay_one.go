@@ -110,6 +110,7 @@ func (e *env) runOne(ctx context.Context, o oneRelay) error {
 		if err != nil {
 			return &usageError{err.Error()}
 		}
+		reg.MustRegister(prom.NewBinlogCollector(lr))
 		run, started = lr.Run, lr.Reading()
 	case o.relay == "log":
 		lr, err := pglog.New(pglog.Config{Forwarder: f, Pool: pool, Mode: pglog.Mode(o.logMode)})

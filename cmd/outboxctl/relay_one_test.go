@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"path/filepath"
@@ -152,8 +153,9 @@ func TestRelayOneOutboxByTheLog(t *testing.T) {
 
 // The binlog relay as a service: --relay log on a mysql:// --db (here from the environment, as an
 // env file sets it) reads the outbox's rows from the binary log of MariaDB, publishes them to the
-// broker, removes them at its checkpoint — a row of its relay group in binlog_relays — and on
-// SIGTERM exits 0.
+// broker, removes them at its checkpoint — a row of its relay group in binlog_relays — exports
+// the group (prom.NewBinlogCollector), which outboxctl status shows read, and on SIGTERM exits 0;
+// then status shows the group with no reader.
 func TestRelayOneOutboxByTheBinlog(t *testing.T) {
 	t.Parallel()
 	server, amqpURL := testenv.MySQLBinlogURL(t), testenv.AMQPURL(t)
@@ -230,6 +232,22 @@ func TestRelayOneOutboxByTheBinlog(t *testing.T) {
 	if n := count("SELECT COUNT(*) FROM `" + name + "`.binlog_relays WHERE name = 'orders'"); n != 1 {
 		t.Errorf("%d checkpoints of relay group orders in binlog_relays, want 1", n)
 	}
+	if _, metrics := get(t, p.base+"/metrics"); !strings.Contains(metrics, `outboxkit_binlog_relay_active{relay="orders",schema="`+name+`"} 1`) ||
+		!strings.Contains(metrics, `outboxkit_binlog_relay_lag_bytes{relay="orders",schema="`+name+`"}`) {
+		t.Errorf("/metrics lacks the binlog relay group's series:\n%s", metrics)
+	}
+	if line := binlogLine(t, dbURL, name); !strings.Contains(line, " gtid ") || !strings.Contains(line, " reading ") {
+		t.Errorf("status does not show relay group orders read by GTID: %q", line)
+	}
+	code, stdout, stderr := ctl(t, "--db", dbURL, "--schema", name, "status", "--json")
+	var st Status
+	if err := json.Unmarshal([]byte(stdout), &st); code != 0 || err != nil {
+		t.Fatalf("status --json: exit %d, %v: %s%s", code, err, stdout, stderr)
+	}
+	if len(st.BinlogRelays) != 1 || st.BinlogRelays[0].Relay != "orders" || !st.BinlogRelays[0].Active || st.BinlogRelays[0].LagBytes == nil ||
+		st.BinlogRelays[0].Position == "" || st.BinlogRelays[0].CheckpointAt.IsZero() {
+		t.Errorf("status --json does not show relay group orders read, its checkpoint and lag: %s", stdout)
+	}
 
 	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -246,4 +264,26 @@ func TestRelayOneOutboxByTheBinlog(t *testing.T) {
 	if !strings.Contains(p.stdout.String(), "relay orders stopped") {
 		t.Errorf("no word of stopping: %q", p.stdout.String())
 	}
+	testenv.Eventually(t, 10*time.Second, "status to show relay group orders with no reader once its relay exited", func() bool {
+		return strings.Contains(binlogLine(t, dbURL, name), " none ")
+	})
+}
+
+// binlogLine is the line of outboxctl status about binlog relay group orders.
+func binlogLine(t *testing.T, dbURL, schema string) string {
+	t.Helper()
+	code, stdout, stderr := ctl(t, "--db", dbURL, "--schema", schema, "status")
+	if code != 0 {
+		t.Fatalf("status: exit %d, %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "BINLOG RELAY") {
+		t.Fatalf("status lists no binlog relay:\n%s", stdout)
+	}
+	for _, l := range strings.Split(stdout, "\n") {
+		if strings.HasPrefix(l, "orders ") {
+			return l
+		}
+	}
+	t.Fatalf("status lists no binlog relay group orders:\n%s", stdout)
+	return ""
 }

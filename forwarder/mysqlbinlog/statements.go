@@ -15,6 +15,7 @@ type statements struct {
 	removePublished                              string // with {{seqs}} to expand
 	deadLetter, recordFailure, backingOff        string
 	backfill                                     string
+	status                                       string
 }
 
 func newStatements(database string) statements {
@@ -31,6 +32,7 @@ func newStatements(database string) statements {
 		writeCkpt: read("write_checkpoint.sql"), removePublished: read("remove_published.sql"),
 		deadLetter: read("dead_letter.sql"), recordFailure: read("record_failure.sql"),
 		backingOff: read("backing_off.sql"), backfill: read("backfill.sql"),
+		status: read("status.sql"),
 	}
 }
 
