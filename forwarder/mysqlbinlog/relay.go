@@ -71,9 +71,7 @@ package mysqlbinlog
 
 import (
 	"context"
-	"crypto/sha256"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -204,13 +202,7 @@ func New(cfg Config) (*Relay, error) {
 		r.serverID = 1<<31 | h.Sum32()&(1<<31-1)
 	}
 	r.host = truncate("outboxkit "+r.database+"/"+fcfg.Name, 255)
-	r.lockName = "outboxkit.binlog." + r.database + "." + fcfg.Name
-	if len(r.lockName) > 64 {
-		// GET_LOCK names are at most 64 characters: keep a start, and a hash of the whole so
-		// that names stay apart.
-		sum := sha256.Sum256([]byte(r.lockName))
-		r.lockName = r.lockName[:40] + "." + hex.EncodeToString(sum[:11])
-	}
+	r.lockName = lockName(r.database, fcfg.Name)
 	r.fields = watermill.LogFields{"relay": fcfg.Name, "database": r.database, "server_id": r.serverID}
 	return r, nil
 }

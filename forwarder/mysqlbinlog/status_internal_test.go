@@ -1,45 +1,27 @@
 package mysqlbinlog
 
 import (
-	"database/sql"
 	"strings"
 	"testing"
-
-	"github.com/ThreeDotsLabs/watermill/message"
-
-	"github.com/outboxkit/outboxkit/forwarder"
-	"github.com/outboxkit/outboxkit/store/mysqlstore"
 )
 
-type nopPublisher struct{}
-
-func (nopPublisher) Publish(string, ...*message.Message) error { return nil }
-func (nopPublisher) Close() error                              { return nil }
-
-// The status names a group's lock as the relay takes it, short names and names past GET_LOCK's 64
-// characters alike: else a group read by a relay would show no reader.
-func TestStatusNamesTheLockTheRelayTakes(t *testing.T) {
-	db, err := sql.Open("mysql", "u@tcp(127.0.0.1:1)/shop") // never connected
-	if err != nil {
-		t.Fatal(err)
+// A group's lock is named after its database and name, within GET_LOCK's 64 characters; names
+// past them keep a start an operator recognises, and stay apart. (The relay and the status take
+// the name from lockName both; TestStatusShowsTheCheckpointItsReaderAndItsLag sees a running
+// relay's lock through the status.)
+func TestLockNamesFitGetLockAndStayApart(t *testing.T) {
+	if got, want := lockName("shop", "orders"), "outboxkit.binlog.shop.orders"; got != want {
+		t.Errorf("lock of group orders: got %q, want %q", got, want)
 	}
-	defer db.Close()
-	st, err := mysqlstore.New(db, mysqlstore.Config{Schema: "shop"})
-	if err != nil {
-		t.Fatal(err)
+	long := strings.Repeat("billing", 10)
+	a, b := lockName("shop", long+"-a"), lockName("shop", long+"-b")
+	for _, n := range []string{a, b} {
+		if len(n) > 64 || !strings.HasPrefix(n, "outboxkit.binlog.shop.billing") {
+			t.Errorf("lock name %q: longer than 64 characters, or without the group's start", n)
+		}
 	}
-	for _, name := range []string{"orders", strings.Repeat("billing", 10)} {
-		f, err := forwarder.New(forwarder.Config{Store: st, Publisher: nopPublisher{}, Name: name})
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := New(Config{Forwarder: f, URL: "mysql://u@127.0.0.1:1/shop"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := lockName("shop", name); got != r.lockName || len(got) > 64 {
-			t.Errorf("group %q: the status reads lock %q, the relay takes %q", name, got, r.lockName)
-		}
+	if a == b {
+		t.Errorf("groups %q and %q share the lock %q", long+"-a", long+"-b", a)
 	}
 }
 
