@@ -96,6 +96,7 @@ var wellKnown = map[string]string{
 	"console":         module + "/console",
 	"forwarder":       module + "/forwarder",
 	"pglog":           module + "/forwarder/pglog",
+	"mysqlbinlog":     module + "/forwarder/mysqlbinlog",
 	"handlers":        module + "/handlers",
 	"idempotency":     module + "/idempotency",
 	"middleware":      module + "/middleware",
