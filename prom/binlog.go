@@ -56,27 +56,21 @@ func (c *binlogCollector) Describe(chan<- *prometheus.Desc) {}
 func (c *binlogCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	b := func(v bool) float64 {
-		if v {
-			return 1
-		}
-		return 0
-	}
 	for _, src := range c.sources {
 		s, err := src.Status(ctx)
 		if err != nil {
 			continue
 		}
-		ch <- prometheus.MustNewConstMetric(binlogActiveDesc, prometheus.GaugeValue, b(s.Active), s.Relay, s.Database)
+		ch <- prometheus.MustNewConstMetric(binlogActiveDesc, prometheus.GaugeValue, boolValue(s.Active), s.Relay, s.Database)
 		if s.CheckpointAt.IsZero() {
 			continue
 		}
-		ch <- prometheus.MustNewConstMetric(binlogPausedDesc, prometheus.GaugeValue, b(s.Paused), s.Relay, s.Database)
+		ch <- prometheus.MustNewConstMetric(binlogPausedDesc, prometheus.GaugeValue, boolValue(s.Paused), s.Relay, s.Database)
 		ch <- prometheus.MustNewConstMetric(binlogAgeDesc, prometheus.GaugeValue, s.CheckpointAge.Seconds(), s.Relay, s.Database)
 		if s.LogError != "" {
 			continue
 		}
-		ch <- prometheus.MustNewConstMetric(binlogPurgedDesc, prometheus.GaugeValue, b(s.Purged), s.Relay, s.Database)
+		ch <- prometheus.MustNewConstMetric(binlogPurgedDesc, prometheus.GaugeValue, boolValue(s.Purged), s.Relay, s.Database)
 		if s.LagBytes >= 0 {
 			ch <- prometheus.MustNewConstMetric(binlogLagDesc, prometheus.GaugeValue, float64(s.LagBytes), s.Relay, s.Database)
 		}

@@ -59,21 +59,15 @@ func (c *slotCollector) Describe(chan<- *prometheus.Desc) {}
 func (c *slotCollector) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	b := func(v bool) float64 {
-		if v {
-			return 1
-		}
-		return 0
-	}
 	for _, src := range c.sources {
 		s, err := src.SlotStatus(ctx)
 		if err != nil {
 			continue
 		}
-		ch <- prometheus.MustNewConstMetric(slotExistsDesc, prometheus.GaugeValue, b(s.Exists), s.Relay, s.Slot)
-		ch <- prometheus.MustNewConstMetric(slotActiveDesc, prometheus.GaugeValue, b(s.Active), s.Relay, s.Slot)
+		ch <- prometheus.MustNewConstMetric(slotExistsDesc, prometheus.GaugeValue, boolValue(s.Exists), s.Relay, s.Slot)
+		ch <- prometheus.MustNewConstMetric(slotActiveDesc, prometheus.GaugeValue, boolValue(s.Active), s.Relay, s.Slot)
 		ch <- prometheus.MustNewConstMetric(slotParkedDesc, prometheus.GaugeValue, float64(s.ParkedKeys), s.Relay, s.Slot)
-		ch <- prometheus.MustNewConstMetric(slotPausedDesc, prometheus.GaugeValue, b(s.Paused), s.Relay, s.Slot)
+		ch <- prometheus.MustNewConstMetric(slotPausedDesc, prometheus.GaugeValue, boolValue(s.Paused), s.Relay, s.Slot)
 		ch <- prometheus.MustNewConstMetric(slotHeldDesc, prometheus.GaugeValue, float64(s.HeldEvents), s.Relay, s.Slot)
 		if !s.Exists {
 			continue
@@ -84,7 +78,7 @@ func (c *slotCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(slotSafeDesc, prometheus.GaugeValue, float64(s.SafeWALBytes), s.Relay, s.Slot)
 		}
 		for _, st := range []string{"reserved", "extended", "unreserved", "lost"} {
-			ch <- prometheus.MustNewConstMetric(slotStatusDesc, prometheus.GaugeValue, b(s.WALStatus == st), s.Relay, s.Slot, st)
+			ch <- prometheus.MustNewConstMetric(slotStatusDesc, prometheus.GaugeValue, boolValue(s.WALStatus == st), s.Relay, s.Slot, st)
 		}
 	}
 }
