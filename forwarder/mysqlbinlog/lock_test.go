@@ -1,12 +1,10 @@
 package mysqlbinlog_test
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -344,31 +342,7 @@ func TestAStandbyTakesOverSoonAfterAKill(t *testing.T) {
 	if _, err := o.db.Exec(`CREATE TABLE received (id VARCHAR(64) PRIMARY KEY, n INT NOT NULL)`); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperBinlogRelay$")
-	cmd.Env = append(os.Environ(), envHelperRelay+"="+o.url+"|"+o.database)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	reading := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if sc.Text() == "READING" {
-				close(reading)
-			}
-		}
-	}()
-	select {
-	case <-reading:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the relay process did not start reading within 30s")
-	}
+	cmd := testenv.StartHelperProcess(t, "TestHelperBinlogRelay", []string{envHelperRelay + "=" + o.url + "|" + o.database}, "READING")
 
 	tl := newTimeline()
 	standby := relayOn(t, o, tl.as("standby", receiving{o.db}), nil)

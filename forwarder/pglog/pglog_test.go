@@ -1,13 +1,11 @@
 package pglog_test
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"strconv"
 	"strings"
 	"sync"
@@ -519,31 +517,7 @@ func TestStandbyTakesOverAfterSIGKILL(t *testing.T) {
 	t.Parallel()
 	pg := testenv.NewLogicalPG(t)
 	pg.Exec(t, `CREATE TABLE {{schema}}.received (id text PRIMARY KEY, n int NOT NULL)`)
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperLogRelay$")
-	cmd.Env = append(os.Environ(), envHelperURL+"="+pg.URL, envHelperSchema+"="+string(pg.Schema))
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	reading := make(chan struct{})
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if sc.Text() == "READING" {
-				close(reading)
-			}
-		}
-	}()
-	select {
-	case <-reading:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the helper relay did not start reading within 30s")
-	}
+	cmd := testenv.StartHelperProcess(t, "TestHelperLogRelay", []string{envHelperURL + "=" + pg.URL, envHelperSchema + "=" + string(pg.Schema)}, "READING")
 
 	standby := relayOn(t, pg, tablePublisher{pg.Pool, pg.Schema}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
