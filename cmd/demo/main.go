@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/outboxkit/outboxkit/forwarder/pglog"
+	"github.com/outboxkit/outboxkit/internal/urls"
 )
 
 type options struct {
@@ -246,16 +247,7 @@ const (
 )
 
 // dialect is the database --db names: postgres, mysql, or "" for another (SQLite).
-func (o options) dialect() string {
-	scheme, _, _ := strings.Cut(strings.ToLower(o.dbURL), "://")
-	switch scheme {
-	case "postgres", "postgresql":
-		return "postgres"
-	case "mysql":
-		return "mysql"
-	}
-	return ""
-}
+func (o options) dialect() string { return urls.Dialect(o.dbURL) }
 
 // runs reports whether this process runs part.
 func (o options) runs(part string) bool { return o.role == roleAll || o.role == part }

@@ -18,6 +18,7 @@ import (
 	"github.com/outboxkit/outboxkit/forwarder"
 	"github.com/outboxkit/outboxkit/forwarder/mysqlbinlog"
 	"github.com/outboxkit/outboxkit/forwarder/pglog"
+	"github.com/outboxkit/outboxkit/internal/urls"
 	"github.com/outboxkit/outboxkit/prom"
 	"github.com/outboxkit/outboxkit/store"
 	"github.com/outboxkit/outboxkit/store/pgxstore"
@@ -35,7 +36,7 @@ type oneRelay struct {
 // first, then it returns nil. A relay another relay of its Kafka relay group fenced returns that
 // error (exit 1): its successor carries on, and a supervisor's restart makes it the next one.
 func (e *env) runOne(ctx context.Context, o oneRelay) error {
-	dialect := logDialect(e.dbURL)
+	dialect := urls.Dialect(e.dbURL)
 	switch {
 	case e.dbURL == "":
 		return usagef("relay: pass --db URL (or set OUTBOXKIT_DATABASE_URL): the database of the outbox to relay; " +
@@ -143,19 +144,6 @@ func (e *env) runOne(ctx context.Context, o oneRelay) error {
 		return fmt.Errorf("another relay of this relay group took over, and this one stopped: %w", err)
 	}
 	return err
-}
-
-// logDialect is the database whose log --relay log reads at url: postgres, mysql, or "" where
-// there is none (SQLite).
-func logDialect(url string) string {
-	scheme, _, _ := strings.Cut(strings.ToLower(url), "://")
-	switch scheme {
-	case "postgres", "postgresql":
-		return "postgres"
-	case "mysql":
-		return "mysql"
-	}
-	return ""
 }
 
 // serveRelay serves the relay's /metrics, /healthz (the process runs) and /readyz (it relays:

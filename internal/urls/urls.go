@@ -1,4 +1,5 @@
-// Package urls hides the password of a database or broker URL in messages and logs.
+// Package urls hides the password of a database or broker URL in messages and logs, and says
+// which database a store URL names.
 package urls
 
 import (
@@ -21,3 +22,16 @@ func Redact(raw string) string {
 }
 
 var userinfoPassword = regexp.MustCompile(`^([^:/?#]+://[^:/?#@]*):[^@/?#]*@`)
+
+// Dialect is the database a store URL names by its scheme: "postgres" (postgres://,
+// postgresql://), "mysql", or "" for another (sqlite://, a typo).
+func Dialect(raw string) string {
+	scheme, _, _ := strings.Cut(strings.ToLower(raw), "://")
+	switch scheme {
+	case "postgres", "postgresql":
+		return "postgres"
+	case "mysql":
+		return "mysql"
+	}
+	return ""
+}

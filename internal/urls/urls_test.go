@@ -16,3 +16,14 @@ func TestRedact(t *testing.T) {
 		}
 	}
 }
+
+func TestDialect(t *testing.T) {
+	for raw, want := range map[string]string{
+		"postgres://u@h/db": "postgres", "POSTGRESQL://h/db": "postgres", "mysql://root@h:3306/test": "mysql",
+		"sqlite://x.db": "", "x.db": "", "": "",
+	} {
+		if got := Dialect(raw); got != want {
+			t.Errorf("Dialect(%q) = %q, want %q", raw, got, want)
+		}
+	}
+}
