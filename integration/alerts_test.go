@@ -29,6 +29,10 @@ type slotSource struct{ s forwarder.SlotStatus }
 
 func (s slotSource) SlotStatus(context.Context) (forwarder.SlotStatus, error) { return s.s, nil }
 
+type binlogSource struct{ s forwarder.BinlogStatus }
+
+func (s binlogSource) Status(context.Context) (forwarder.BinlogStatus, error) { return s.s, nil }
+
 // Every metric the shipped alerts read must be one outboxkit exports, or a rename would silently
 // disarm an alert. promtool (make alerts) checks the rules' syntax and that they fire.
 func TestAlertsReadMetricsThatExist(t *testing.T) {
@@ -70,6 +74,9 @@ func TestAlertsReadMetricsThatExist(t *testing.T) {
 	// The log relay's slot, as a relay reports it (forwarder/pglog's tests read a real one).
 	reg.MustRegister(prom.NewSlotCollector(slotSource{forwarder.SlotStatus{Relay: "default", Slot: "outboxkit_default",
 		Mode: "table", Exists: true, Active: true, WALStatus: "reserved", SafeWALBytes: -1}}))
+	// A binlog relay group, as a relay reports it (forwarder/mysqlbinlog's tests read a real one).
+	reg.MustRegister(prom.NewBinlogCollector(binlogSource{forwarder.BinlogStatus{Relay: "default", Database: "outboxkit",
+		Progress: "gtid", Active: true, CheckpointAt: time.Now(), LagBytes: 0}}))
 	// A fleet's view, read from its coordination database (here the same Postgres schema).
 	fc, ok := store.FleetControlOf(pg.Store)
 	if !ok {

@@ -159,10 +159,13 @@ func TestInterop_KcatBothWays(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		startEffectConsumer(t, ctx, pgDB(pg), b, topic, group)
+		// Written now: an event older than the inbox's dedup window is dead-lettered as a possible
+		// duplicate, so a fixed date would fail this test once it is a week old.
+		written := time.Now().UTC().Format(time.RFC3339)
 		for i, id := range []string{"kcat-1", "kcat-2", "kcat-1"} { // the last one is a redelivery
 			cmd := exec.Command(kcat, "-P", "-b", broker, "-t", topic, "-k", fmt.Sprintf("o-%d", i%2+1),
 				"-H", "ce_specversion=1.0", "-H", "ce_id="+id, "-H", "ce_type=OrderPlaced", "-H", "ce_source=/kcat",
-				"-H", "ce_time=2026-11-30T10:00:00Z", "-H", "content-type=application/json")
+				"-H", "ce_time="+written, "-H", "content-type=application/json")
 			cmd.Stdin = strings.NewReader(`{"order_id":"x"}` + "\n")
 			if out, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("kcat -P: %v\n%s", err, out)
