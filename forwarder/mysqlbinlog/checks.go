@@ -25,7 +25,10 @@ const (
 )
 
 // errorNumber is the server's error number in err, from either client (database/sql's driver,
-// or go-mysql's replication connection); 0 for none.
+// or go-mysql's replication connection); 0 for none. The relay reads the driver's errors itself,
+// below the store seam on purpose: it is MySQL's own log reader, on connections of its own (the
+// replication stream, the lock, the checks), whose errors — 1236 above all — the store's
+// classification has no word for.
 func errorNumber(err error) int {
 	var se *sqlmysql.MySQLError
 	if errors.As(err, &se) {

@@ -240,16 +240,39 @@ func TestARelayThatLosesItsLockConnectionStopsPublishingAndStandsBy(t *testing.T
 		stopped.Sub(killed), last.Sub(killed), tookOver.Sub(killed), len(ids), len(pub.duplicated()))
 }
 
-// slowBroker takes each publish a while: the relay in front of it has rows to publish for long.
-type slowBroker struct {
+// gatedBroker lets budget publishes through, then holds every later one until open: a broker that
+// stops answering, for as long as the test says.
+type gatedBroker struct {
 	message.Publisher
-	each time.Duration
+	g *gate
 }
 
-func (b slowBroker) Publish(topic string, msgs ...*message.Message) error {
-	time.Sleep(b.each) //nolint:forbidigo // the simulated broker's time per publish
+func (b gatedBroker) Publish(topic string, msgs ...*message.Message) error {
+	b.g.pass()
 	return b.Publisher.Publish(topic, msgs...)
 }
+
+// gate lets budget callers pass, then holds the others until open.
+type gate struct {
+	mu     sync.Mutex
+	budget int
+	shut   chan struct{} // closed by open
+}
+
+func newGate(budget int) *gate { return &gate{budget: budget, shut: make(chan struct{})} }
+
+func (g *gate) pass() {
+	g.mu.Lock()
+	g.budget--
+	free := g.budget >= 0
+	g.mu.Unlock()
+	if !free {
+		<-g.shut
+	}
+}
+
+// open lets every caller pass from now on; once only.
+func (g *gate) open() { close(g.shut) }
 
 // A relay whose host vanishes from the network — its connections silent, not closed — stops
 // publishing within half its lease, before the server ends its lock connection (wait_timeout, the
@@ -260,25 +283,39 @@ func TestARelayCutOffFromTheServerStopsBeforeItsLeaseEnds(t *testing.T) {
 	tl, pub := newTimeline(), newRecorder()
 	const lease = 2 * time.Second
 	proxy, through := testenv.ProxyURL(t, o.url)
-	// A backlog the first relay publishes for seconds, one row at a time; no checkpoint before a
-	// relay stops.
-	first := relayOn(t, o, tl.as("first", slowBroker{pub, 5 * time.Millisecond}), func(_ *forwarder.Config, c *mysqlbinlog.Config) {
-		c.URL, c.FlushInterval, c.FlushRows = through, time.Hour, 1<<30
-	})
-	mysqlbinlog.ShortLease(first, lease)
-	run(t, first)
-	second := relayOn(t, o, tl.as("second", pub), nil)
-	start(t, second)
+	// A backlog of one key waiting in the table, which the first relay reads at its start and
+	// publishes one row at a time; no checkpoint before a relay stops. Its broker stops answering
+	// after 50 publishes: the relay holds in memory the rows it would go on publishing the moment
+	// the broker answers again.
 	var ids []string
 	for i := range 10 {
 		ids = append(ids, o.writeFrom(t, "k", i*100, 100)...)
 	}
-	testenv.Eventually(t, 10*time.Second, "the first relay to publish", func() bool { return tl.count("first") >= 50 })
+	g := newGate(50)
+	first := relayOn(t, o, tl.as("first", gatedBroker{pub, g}), func(_ *forwarder.Config, c *mysqlbinlog.Config) {
+		c.URL, c.FlushInterval, c.FlushRows = through, time.Hour, 1<<30
+	})
+	mysqlbinlog.ShortLease(first, lease)
+	run(t, first)
+	opened := false
+	t.Cleanup(func() { // before the relay's stop (cleanups run last first)
+		if !opened {
+			g.open()
+		}
+	})
+	testenv.Eventually(t, 10*time.Second, "the first relay to publish until its broker stops answering",
+		func() bool { return tl.count("first") > 50 })
+	second := relayOn(t, o, tl.as("second", pub), nil)
+	start(t, second)
 
 	proxy.Vanish()
 	vanished := time.Now()
 	testenv.Eventually(t, 20*time.Second, "the second relay to take over", second.Active)
 	tookOver := time.Since(vanished)
+	testenv.Eventually(t, 20*time.Second, "the second relay to publish", func() bool { return tl.count("second") > 0 })
+	// The first relay's broker answers again: a relay that did not fence itself publishes on.
+	g.open()
+	opened = true
 	proxy.Thaw()
 	testenv.Eventually(t, 20*time.Second, "every row to arrive", func() bool { return pub.has(ids) })
 	last, next := tl.last("first"), tl.first("second")
